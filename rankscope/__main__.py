@@ -1,0 +1,5 @@
+import sys
+
+from rankscope.cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""The ``rankscope`` command. Each subcommand lives in rankscope/commands/<name>.py and exposes
+``register(subparsers, common)``; this module only discovers and dispatches them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import sys
+
+from rankscope.config import ConfigError, Settings
+
+
+def common_parser() -> argparse.ArgumentParser:
+    """Flags every command accepts; each overrides its RANKSCOPE_* env var."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("common settings (override RANKSCOPE_* env vars)")
+    g.add_argument("--data-dir", dest="data_dir", help="local state folder (RANKSCOPE_DATA_DIR)")
+    g.add_argument("--bootstrap-servers", dest="bootstrap_servers",
+                   help="external Kafka bootstrap; empty = managed local broker")
+    g.add_argument("--kafka-port", dest="kafka_port", type=int)
+    g.add_argument("--clickhouse-dsn", dest="clickhouse_dsn", help="chdb:///path or http://host:8123")
+    g.add_argument("--topic-prefix", dest="topic_prefix")
+    g.add_argument("--dashboard-port", dest="dashboard_port", type=int)
+    g.add_argument("--log-level", dest="log_level")
+    return p
+
+
+SETTING_FLAGS = ("data_dir", "bootstrap_servers", "kafka_port", "clickhouse_dsn", "topic_prefix",
+                 "dashboard_port", "log_level")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = common_parser()
+    parser = argparse.ArgumentParser(prog="rankscope", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    import rankscope.commands as pkg
+
+    for mod in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"rankscope.commands.{mod.name}")
+        if hasattr(module, "register"):
+            module.register(sub, common)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(**{k: getattr(args, k, None) for k in SETTING_FLAGS})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except ConfigError as e:
+        parser.error(str(e))
+    logging.basicConfig(level=getattr(logging, settings.log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        rc = args.func(args, settings)
+    except ConfigError as e:
+        print(f"rankscope: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""One typed, frozen configuration object, built once at start-up from env vars and flags.
+
+Every setting has an env var ``RANKSCOPE_<NAME>`` (upper-case field name). Flags given on the
+command line override env vars. The object is passed down explicitly; nothing reads the
+environment after start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A setting has a value outside its allowed range or of the wrong type."""
+
+
+def _default_data_dir() -> str:
+    return str(Path.cwd() / ".rankscope")
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "rankscope")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All rankscope settings. See README "Settings" for each one."""
+
+    # Where everything local lives: broker logs, chDB data, pid files.
+    data_dir: str = field(default_factory=_default_data_dir)
+    # Downloaded artifacts (Kafka jars), kept across clones.
+    cache_dir: str = field(default_factory=_default_cache_dir)
+    # Kafka. Empty bootstrap = the project-managed local broker on 127.0.0.1:kafka_port.
+    bootstrap_servers: str = ""
+    kafka_port: int = 9092
+    kafka_controller_port: int = 9093
+    kafka_version: str = "4.3.1"
+    topic_prefix: str = "rankscope."
+    topic_partitions: int = 4
+    # ClickHouse: chdb:///path (embedded) or http://host:8123 (server). Empty = chdb in data_dir.
+    clickhouse_dsn: str = ""
+    # Dashboard / serve process.
+    dashboard_port: int = 8501
+    dashboard_refresh_s: float = 2.0
+    # Sink.
+    sink_batch_rows: int = 5000
+    sink_batch_s: float = 1.0
+    sink_group: str = "rankscope-sink"
+    # Processors.
+    processors_app_id: str = "rankscope-processors"
+    processors_web_port: int = 6066
+    scan_interval_s: float = 1.0
+    hang_min_s: float = 10.0
+    hang_factor: float = 8.0
+    dead_after_s: float = 6.0
+    stats_every_steps: int = 10
+    straggler_window: int = 20
+    straggler_min_steps: int = 8
+    straggler_z: float = 4.0
+    straggler_min_rel: float = 0.25
+    straggler_persist: int = 3
+    # Producer (rank side).
+    job_id: str = ""
+    rank: int = -1
+    world_size: int = -1
+    local_rank: int = -1
+    heartbeat_s: float = 1.0
+    queue_max: int = 20000
+    stall_stack_factor: float = 3.0
+    stall_stack_min_s: float = 3.0
+    flush_timeout_s: float = 5.0
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        positive = [
+            "kafka_port", "kafka_controller_port", "topic_partitions", "dashboard_port",
+            "sink_batch_rows", "queue_max", "straggler_window", "straggler_min_steps",
+            "straggler_persist", "stats_every_steps", "processors_web_port",
+        ]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ["sink_batch_s", "scan_interval_s", "hang_min_s", "hang_factor", "dead_after_s",
+                     "heartbeat_s", "straggler_z", "flush_timeout_s", "dashboard_refresh_s",
+                     "stall_stack_factor", "stall_stack_min_s"]:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0 seconds/factor, got {getattr(self, name)!r}")
+        if not 0 <= self.straggler_min_rel < 10:
+            raise ConfigError(f"straggler_min_rel must be in [0, 10), got {self.straggler_min_rel!r}")
+        if self.clickhouse_dsn and not self.clickhouse_dsn.startswith(("chdb://", "http://", "https://")):
+            raise ConfigError(
+                f"clickhouse_dsn must start with chdb://, http:// or https://, got {self.clickhouse_dsn!r}")
+
+    # Derived values -------------------------------------------------------------------------
+    @property
+    def local_broker(self) -> bool:
+        """True when rankscope manages its own single-node broker."""
+        return not self.bootstrap_servers
+
+    @property
+    def bootstrap(self) -> str:
+        return self.bootstrap_servers or f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def store_dsn(self) -> str:
+        return self.clickhouse_dsn or f"chdb://{Path(self.data_dir).resolve() / 'clickhouse'}"
+
+    @property
+    def embedded_store(self) -> bool:
+        return self.store_dsn.startswith("chdb://")
+
+    def with_overrides(self, **kw: Any) -> Settings:
+        return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Build settings from ``RANKSCOPE_*`` env vars, then apply non-None ``overrides``.
+
+        Raises ConfigError naming the variable when a value cannot be parsed.
+        """
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            key = f"RANKSCOPE_{f.name.upper()}"
+            if key in env and env[key] != "":
+                values[f.name] = _parse(key, env[key], f.type)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    @classmethod
+    def env_names(cls) -> list[str]:
+        return [f"RANKSCOPE_{f.name.upper()}" for f in fields(cls)]
+
+
+def _parse(key: str, raw: str, typ: Any) -> Any:
+    typ = str(typ)
+    try:
+        if typ == "int":
+            return int(raw)
+        if typ == "float":
+            return float(raw)
+        if typ == "bool":
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        return raw
+    except ValueError as e:
+        raise ConfigError(f"{key}={raw!r} is not a valid {typ}") from e

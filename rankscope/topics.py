@@ -1,0 +1,28 @@
+"""Topic names, declared once. Real names carry the configured prefix."""
+
+from __future__ import annotations
+
+import enum
+
+from rankscope.config import Settings
+
+
+class Topic(enum.Enum):
+    """Logical topics. Keys: job id for steps/control/alerts/stats; "job/rank" for bulky ones."""
+
+    STEPS = "steps"          # step records, heartbeats, exit records (msgpack, key = job)
+    HW = "hw"                # hardware samples (msgpack, key = job/rank)
+    TRACES = "traces"        # trace-window events (msgpack, key = job/rank)
+    SUMMARIES = "summaries"  # per-window per-rank function summaries (msgpack, key = job)
+    CONTROL = "control"      # commands to ranks and their acks (msgpack, key = job)
+    STATS = "stats"          # rolling per-worker statistics (msgpack, key = job)
+    ALERTS = "alerts"        # alerts (JSON, documented schema, key = job)
+    REPORTS = "reports"      # diagnosis reports (JSON, key = job)
+    DEADLETTER = "deadletter"  # undecodable input with the reason (JSON, key = source topic)
+
+    def name_for(self, settings: Settings) -> str:
+        return f"{settings.topic_prefix}{self.value}"
+
+
+def all_topic_names(settings: Settings) -> dict[Topic, str]:
+    return {t: t.name_for(settings) for t in Topic}

@@ -1,0 +1,147 @@
+"""The wire format: one msgpack map per Kafka message, an envelope around a kind-specific body.
+
+Envelope (every message)::
+
+    {"v": SCHEMA_VERSION, "kind": str, "job": str, "rank": int, "host": str, "pid": int,
+     "seq": int, "sent_ns": int, "body": {...}}
+
+``seq`` is the producer's sequence number per (job, rank, pid): gaps mean loss, repeats mean
+duplicates. Bodies are columnar where a message carries many records (``steps``).
+
+:func:`decode` validates at the boundary and raises :class:`WireError` with a reason that the
+caller routes to the dead-letter topic. It never returns a half-valid message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+
+
+class WireError(ValueError):
+    """A message could not be decoded or failed validation. ``reason`` is a short code."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Envelope:
+    kind: str
+    job: str
+    rank: int
+    host: str
+    pid: int
+    seq: int
+    sent_ns: int
+    body: dict[str, Any]
+    v: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"v": self.v, "kind": self.kind, "job": self.job, "rank": self.rank, "host": self.host,
+                "pid": self.pid, "seq": self.seq, "sent_ns": self.sent_ns, "body": self.body}
+
+
+_INT = (int,)
+_NUM = (int, float)
+_STR = (str,)
+_LIST = (list,)
+_OPT_LIST = (list, type(None))
+
+# kind -> {field: allowed types}; required fields of the body.
+BODY_SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
+    # Columnar step records: equal-length lists.
+    "steps": {"step": _LIST, "start_ns": _LIST, "end_ns": _LIST, "comm_ns": _LIST},
+    "heartbeat": {"step": _INT, "since_step_s": _NUM, "dropped": _INT, "world_size": _INT,
+                  "local_rank": _INT, "stacks": _OPT_LIST},
+    "exit": {"step": _INT, "reason": _STR, "detail": _STR},
+    # Hardware samples (columnar): metric name -> list of values, plus ts_ns list.
+    "hw": {"ts_ns": _LIST, "device": _LIST, "metrics": (dict,)},
+    "control": {"command": _STR, "request_id": _STR, "ranks": _OPT_LIST, "args": (dict,)},
+    "ack": {"request_id": _STR, "status": _STR, "detail": _STR},
+    "trace": {"window_id": _STR, "events": (dict,)},
+    "summary": {"window_id": _STR, "functions": (dict,)},
+    "flight": {"steps": _LIST, "stacks": _OPT_LIST, "reason": _STR},
+    "stats": {"ranks": _LIST},
+}
+
+STEP_COLUMNS = ("step", "start_ns", "end_ns", "comm_ns")
+EXIT_REASONS = frozenset({"completed", "exception", "signal", "atexit"})
+
+
+def encode(env: Envelope) -> bytes:
+    """Pack an envelope. Raises WireError if the body does not match its kind's schema."""
+    _validate_body(env.kind, env.body)
+    return msgpack.packb(env.to_dict(), use_bin_type=True)
+
+
+def decode(data: bytes | None) -> Envelope:
+    """Unpack and validate one message. Raises WireError(reason) on any problem.
+
+    Reasons: ``empty``, ``not_msgpack``, ``not_a_map``, ``missing_field``, ``bad_type``,
+    ``unknown_version``, ``unknown_kind``, ``bad_body``.
+    """
+    if not data:
+        raise WireError("empty", "message has no payload")
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated types
+        raise WireError("not_msgpack", f"{type(e).__name__}: {e}") from None
+    if not isinstance(obj, dict):
+        raise WireError("not_a_map", f"top level is {type(obj).__name__}")
+    if "v" not in obj:
+        raise WireError("missing_field", "v")
+    if not isinstance(obj["v"], int) or obj["v"] not in SUPPORTED_VERSIONS:
+        raise WireError("unknown_version", f"schema version {obj['v']!r}, supported {sorted(SUPPORTED_VERSIONS)}")
+    for name, types in (("kind", _STR), ("job", _STR), ("rank", _INT), ("host", _STR), ("pid", _INT),
+                        ("seq", _INT), ("sent_ns", _INT), ("body", (dict,))):
+        if name not in obj:
+            raise WireError("missing_field", name)
+        if not isinstance(obj[name], types) or isinstance(obj[name], bool):
+            raise WireError("bad_type", f"{name} is {type(obj[name]).__name__}")
+    if not obj["job"]:
+        raise WireError("bad_type", "job is empty")
+    _validate_body(obj["kind"], obj["body"])
+    return Envelope(kind=obj["kind"], job=obj["job"], rank=obj["rank"], host=obj["host"], pid=obj["pid"],
+                    seq=obj["seq"], sent_ns=obj["sent_ns"], body=obj["body"], v=obj["v"])
+
+
+def _validate_body(kind: str, body: dict[str, Any]) -> None:
+    schema = BODY_SCHEMAS.get(kind)
+    if schema is None:
+        raise WireError("unknown_kind", repr(kind))
+    if not isinstance(body, dict):
+        raise WireError("bad_body", "body is not a map")
+    for name, types in schema.items():
+        if name not in body:
+            raise WireError("bad_body", f"{kind}.{name} missing")
+        if not isinstance(body[name], types):
+            raise WireError("bad_body", f"{kind}.{name} is {type(body[name]).__name__}")
+    if kind == "steps":
+        n = len(body["step"])
+        for c in STEP_COLUMNS:
+            col = body[c]
+            if len(col) != n:
+                raise WireError("bad_body", f"steps.{c} has {len(col)} values, step has {n}")
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in col):
+                raise WireError("bad_body", f"steps.{c} holds a non-integer")
+    elif kind == "heartbeat" and body["stacks"] is not None:
+        for s in body["stacks"]:
+            if not (isinstance(s, dict) and isinstance(s.get("thread"), str) and isinstance(s.get("frames"), list)):
+                raise WireError("bad_body", "heartbeat.stacks entries need thread and frames")
+    elif kind == "exit" and body["reason"] not in EXIT_REASONS:
+        raise WireError("bad_body", f"exit.reason {body['reason']!r} not in {sorted(EXIT_REASONS)}")
+
+
+def steps_rows(env: Envelope) -> list[dict[str, int]]:
+    """The step records of a ``steps`` message as row dicts."""
+    b = env.body
+    return [{"step": s, "start_ns": a, "end_ns": e, "comm_ns": c}
+            for s, a, e, c in zip(b["step"], b["start_ns"], b["end_ns"], b["comm_ns"], strict=True)]

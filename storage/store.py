@@ -1,0 +1,196 @@
+"""The store client: one clickhouse-connect client built from one DSN, shared by the threads of a process.
+
+``chdb:///path`` opens the embedded engine (chDB) on disk; only one process may open a directory,
+so :func:`open_store` raises :class:`StoreLocked` with a clear message when another process holds it.
+``http://host:8123`` talks to a ClickHouse server. The same schema and queries serve both.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pandas as pd
+
+log = logging.getLogger(__name__)
+
+DATABASE = "rankscope"
+
+
+class StoreError(RuntimeError):
+    """The store could not be opened or a statement failed."""
+
+
+class StoreLocked(StoreError):
+    """Another process holds the embedded (chDB) data directory."""
+
+
+class Store:
+    """Thread-safe facade over a clickhouse-connect client.
+
+    Calls block until the statement finishes; errors surface as :class:`StoreError`.
+    """
+
+    def __init__(self, client: Any, dsn: str, database: str = DATABASE) -> None:
+        self._client = client
+        self._lock = threading.RLock()
+        self.dsn = dsn
+        self.database = database
+
+    @property
+    def embedded(self) -> bool:
+        return self.dsn.startswith("chdb://")
+
+    def command(self, sql: str, parameters: dict[str, Any] | None = None,
+                settings: dict[str, Any] | None = None) -> Any:
+        with self._lock:
+            try:
+                return self._client.command(sql, parameters=parameters, settings=settings)
+            except Exception as e:
+                raise StoreError(f"{type(e).__name__}: {e}") from e
+
+    def query_df(self, sql: str, parameters: dict[str, Any] | None = None,
+                 settings: dict[str, Any] | None = None) -> pd.DataFrame:
+        """Run a SELECT and return a DataFrame (empty DataFrame with columns when no rows)."""
+        with self._lock:
+            try:
+                res = self._client.query(sql, parameters=parameters, settings=settings)
+            except Exception as e:
+                raise StoreError(f"{type(e).__name__}: {e}") from e
+        return pd.DataFrame(res.result_rows, columns=list(res.column_names))
+
+    def query_rows(self, sql: str, parameters: dict[str, Any] | None = None,
+                   settings: dict[str, Any] | None = None) -> list[tuple]:
+        with self._lock:
+            try:
+                return list(self._client.query(sql, parameters=parameters, settings=settings).result_rows)
+            except Exception as e:
+                raise StoreError(f"{type(e).__name__}: {e}") from e
+
+    def insert(self, table: str, rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> int:
+        """Insert row dicts into ``database.table``. Returns the number of rows written."""
+        if not rows:
+            return 0
+        cols = list(columns or rows[0].keys())
+        data = [[r.get(c) for c in cols] for r in rows]
+        with self._lock:
+            try:
+                self._client.insert(table, data, column_names=cols, database=self.database)
+            except Exception as e:
+                raise StoreError(f"insert into {table}: {type(e).__name__}: {e}") from e
+        return len(rows)
+
+    def insert_columns(self, table: str, columns: dict[str, list[Any]]) -> int:
+        """Column-oriented insert (fast path for large batches)."""
+        names = list(columns)
+        if not names or not columns[names[0]]:
+            return 0
+        with self._lock:
+            try:
+                self._client.insert(table, [columns[n] for n in names], column_names=names,
+                                    database=self.database, column_oriented=True)
+            except Exception as e:
+                raise StoreError(f"insert into {table}: {type(e).__name__}: {e}") from e
+        return len(columns[names[0]])
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                self._client.close()
+            except Exception:  # closing twice or a dead server is fine
+                pass
+
+
+def schema_statements(database: str = DATABASE) -> list[str]:
+    text = resources.files("storage").joinpath("schema.sql").read_text()
+    return _split(text, database)
+
+
+def migration_statements(database: str = DATABASE) -> list[tuple[int, str, list[str]]]:
+    """Numbered migrations in storage/migrations/NNNN_name.sql, oldest first."""
+    out = []
+    mig_dir = resources.files("storage").joinpath("migrations")
+    for entry in sorted(mig_dir.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".sql") and entry.name[:4].isdigit():
+            out.append((int(entry.name[:4]), entry.name[5:-4], _split(entry.read_text(), database)))
+    return out
+
+
+def _split(text: str, database: str) -> list[str]:
+    stmts = []
+    for chunk in text.split("\n;"):
+        body = "\n".join(line for line in chunk.splitlines() if not line.strip().startswith("--")).strip()
+        if body.strip(";").strip():
+            stmts.append(body.strip().rstrip(";").replace("{db}", database))
+    return stmts
+
+
+def apply_schema(store: Store) -> None:
+    """Create the database and tables if missing, then apply new numbered migrations. Idempotent."""
+    for stmt in schema_statements(store.database):
+        store.command(stmt)
+    done = {int(r[0]) for r in store.query_rows(f"SELECT version FROM {store.database}.schema_migrations")}
+    for version, name, stmts in migration_statements(store.database):
+        if version in done:
+            continue
+        for stmt in stmts:
+            store.command(stmt)
+        store.insert("schema_migrations", [{"version": version, "name": name}])
+        log.info("applied migration %04d_%s", version, name)
+
+
+_STORES: dict[str, Store] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def open_store(dsn: str, apply: bool = True) -> Store:
+    """Open (once per process and DSN) and return the shared store; apply the schema the first time.
+
+    Raises StoreLocked when another process holds an embedded data directory, StoreError otherwise.
+    """
+    with _STORES_LOCK:
+        if dsn in _STORES:
+            return _STORES[dsn]
+        client = _connect(dsn)
+        store = Store(client, dsn)
+        if apply:
+            apply_schema(store)
+        _STORES[dsn] = store
+        return store
+
+
+def close_store(dsn: str) -> None:
+    with _STORES_LOCK:
+        store = _STORES.pop(dsn, None)
+    if store is not None:
+        store.close()
+
+
+def _connect(dsn: str) -> Any:
+    import clickhouse_connect
+
+    if dsn.startswith("chdb://"):
+        path = dsn[len("chdb://"):]
+        Path(path).mkdir(parents=True, exist_ok=True)
+        try:
+            return clickhouse_connect.get_client(dsn=dsn)
+        except Exception as e:
+            msg = str(e)
+            if "lock" in msg.lower() or "EmbeddedServer" in msg or "already running" in msg:
+                raise StoreLocked(
+                    f"the embedded store {path} is open in another process (chDB allows one). "
+                    "Stop `rankscope serve`/`rankscope up` first, or point RANKSCOPE_CLICKHOUSE_DSN "
+                    f"at a ClickHouse server. ({type(e).__name__}: {e})") from e
+            raise StoreError(f"cannot open {dsn}: {type(e).__name__}: {e}") from e
+    u = urlparse(dsn)
+    if u.scheme not in ("http", "https"):
+        raise StoreError(f"unsupported DSN scheme in {dsn!r}; use chdb:///path or http://host:8123")
+    try:
+        return clickhouse_connect.get_client(dsn=dsn)
+    except Exception as e:
+        raise StoreError(f"cannot reach ClickHouse at {u.hostname}:{u.port}: {type(e).__name__}: {e}") from e
