@@ -34,7 +34,7 @@ SETTING_FLAGS = ("data_dir", "bootstrap_servers", "kafka_port", "clickhouse_dsn"
 
 def build_parser() -> argparse.ArgumentParser:
     common = common_parser()
-    parser = argparse.ArgumentParser(prog="rankscope", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="rankscope", description="rankscope: find out, while it runs, why a distributed PyTorch job is slow or stuck.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     import rankscope.commands as pkg
 

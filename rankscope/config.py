@@ -133,6 +133,11 @@ class Settings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
+    def to_env(self) -> dict[str, str]:
+        """Env vars that rebuild these settings in a child process (every field, explicit)."""
+        return {f"RANKSCOPE_{f.name.upper()}": str(getattr(self, f.name)) for f in fields(self)
+                if getattr(self, f.name) not in ("", None)}
+
     @classmethod
     def env_names(cls) -> list[str]:
         return [f"RANKSCOPE_{f.name.upper()}" for f in fields(cls)]

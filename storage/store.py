@@ -60,6 +60,9 @@ class Store:
         with self._lock:
             try:
                 res = self._client.query(sql, parameters=parameters, settings=settings)
+                if not res.result_rows and not res.column_names:
+                    # chDB returns no column names for an empty result; Arrow keeps the schema.
+                    return self._client.query_arrow(sql, parameters=parameters, settings=settings).to_pandas()
             except Exception as e:
                 raise StoreError(f"{type(e).__name__}: {e}") from e
         return pd.DataFrame(res.result_rows, columns=list(res.column_names))
@@ -181,6 +184,12 @@ def _connect(dsn: str) -> Any:
             return clickhouse_connect.get_client(dsn=dsn)
         except Exception as e:
             msg = str(e)
+            if "already initialized with path" in msg:
+                # chDB also allows one directory per *process*: this process has another one open.
+                raise StoreError(
+                    f"cannot open {path}: this process already has another embedded store open "
+                    f"(chDB allows one data directory per process; close_store() it first). "
+                    f"({type(e).__name__}: {e})") from e
             if "lock" in msg.lower() or "EmbeddedServer" in msg or "already running" in msg:
                 raise StoreLocked(
                     f"the embedded store {path} is open in another process (chDB allows one). "

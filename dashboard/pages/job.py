@@ -1,0 +1,152 @@
+"""Job view: rank states, per-rank step and busy time, open alerts with grouped stacks, lost time.
+
+The job comes from ``?job=`` (links from the fleet page) or the picker, which keeps the URL in step.
+"""
+
+from functools import partial
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboard import queries, ui
+from rankscope.config import Settings
+from storage.store import StoreError
+
+TABLE_MAX_RANKS = queries.HEATMAP_MIN_RANKS
+
+
+def pick_job(options: list[str]) -> str:
+    wanted = st.query_params.get("job")
+    if wanted and wanted not in options:
+        st.warning(f"No data for job `{wanted}` yet; pick another job below.")
+    elif wanted and (st.session_state.get("_job_qp") != wanted or "job_pick" not in st.session_state):
+        st.session_state["job_pick"] = wanted
+    job = st.selectbox("Job", options, key="job_pick")
+    st.session_state["_job_qp"] = job
+    if st.query_params.get("job") != job:
+        st.query_params["job"] = job
+    return job
+
+
+def ranks_table(ranks: pd.DataFrame) -> None:
+    view = pd.DataFrame({
+        "rank": ranks["rank"].astype(str),
+        "state": ranks["state"].map(lambda s: ui.STATE_BADGE.get(s, s)),
+        "host": ranks["host"],
+        "pid": ranks["pid"].astype(str),
+        "last step": ranks["last_step"].astype(str),
+        "step ms (median)": ranks["median_step_ms"].map("{:.1f}".format),
+        "busy ms (median)": ranks["median_busy_ms"].map("{:.1f}".format),
+        "busy z": ranks["busy_z"].map(lambda z: "" if pd.isna(z) else f"{z:+.1f}"),
+        "heartbeat": ranks["heartbeat_age_s"].map(ui.ago),
+        "alerts": ranks["alerts"],
+        "exit": (ranks["exit_reason"] + " " + ranks["exit_detail"]).str.strip(),
+    })
+    if len(ranks) <= TABLE_MAX_RANKS:
+        st.table(view, hide_index=True)
+        return
+    colours = ranks["state"].map(ui.STATE_COLOUR).fillna("")
+    plain = view.assign(state=ranks["state"])
+    styled = plain.style.apply(lambda _c: [f"background-color: {c}" for c in colours], subset=["state"])
+    st.dataframe(styled, hide_index=True, height=420)
+
+
+def step_charts(cfg: Settings, job: str, world: int) -> None:
+    tabs = st.tabs(["Busy time (compute)", "Step time", "Collective wait"])
+    metrics = [("busy_ms", "busy ms"), ("step_ms", "step ms"), ("comm_ms", "collective wait ms")]
+    if world > queries.HEATMAP_MIN_RANKS:
+        for tab, (metric, title) in zip(tabs, metrics, strict=True):
+            frame = ui.query(cfg, "step_time_heatmap", job=job, metric=metric)
+            with tab:
+                chart = alt.Chart(frame).mark_rect().encode(
+                    x=alt.X("step:O", title="step"), y=alt.Y("rank:O", title="rank"),
+                    color=alt.Color(f"{metric}:Q", title=title, scale=alt.Scale(scheme="inferno")),
+                    tooltip=["rank", "step", metric])
+                st.altair_chart(chart.properties(height=min(900, 4 * world + 60)), width="stretch")
+        return
+    frame = ui.query(cfg, "step_times", job=job)
+    if frame.empty:
+        st.caption("No steps recorded yet.")
+        return
+    for tab, (metric, title) in zip(tabs, metrics, strict=True):
+        with tab:
+            chart = alt.Chart(frame).mark_line(point=len(frame) < 400).encode(
+                x=alt.X("step:Q", title="step"), y=alt.Y(f"{metric}:Q", title=title),
+                color=alt.Color("rank:N", title="rank", scale=alt.Scale(scheme="category10")),
+                tooltip=["rank", "step", metric])
+            st.altair_chart(chart.properties(height=280), width="stretch")
+    st.caption("In synchronous training every rank shows the same step time; the slow rank is the one "
+               "with the longest busy time and the shortest collective wait.")
+
+
+def panel(cfg: Settings, job: str) -> None:
+    ranks = ui.query(cfg, "ranks", job=job, dead_after_s=cfg.dead_after_s)
+    alerts = ui.query(cfg, "alerts", job=job)
+    jobs = ui.query(cfg, "jobs")
+    row = jobs[jobs["job"] == job]
+    world = int(row["world_size"].iloc[0]) if not row.empty else len(ranks)
+    open_alerts = alerts[alerts["open"]] if not alerts.empty else alerts
+
+    c = st.columns(5)
+    c[0].metric("World size", world)
+    c[1].metric("Ranks seen", len(ranks))
+    c[2].metric("Last step", int(ranks["last_step"].max()) if not ranks.empty else 0)
+    c[3].metric("Open alerts", len(open_alerts))
+    c[4].metric("Median step", f"{ranks['median_step_ms'].median():.1f} ms" if not ranks.empty else "n/a")
+    if ranks.empty:
+        st.info("No ranks of this job have reported yet. Ranks appear after their first heartbeat.")
+        return
+    st.markdown(ui.state_counts_line(ranks))
+
+    st.subheader("Ranks")
+    ranks_table(ranks)
+
+    st.subheader("Step time per rank")
+    step_charts(cfg, job, max(world, len(ranks)))
+
+    st.subheader("Alerts")
+    if alerts.empty:
+        st.caption("No alerts for this job: no hang, dead rank or straggler detected.")
+        return
+    groups = queries.parse_stack_groups(alerts)
+    lost = queries.lost_time(alerts, {job: world})
+    lost_by_id = dict(zip(lost["alert_id"], lost["lost_rank_seconds"], strict=True))
+    state = dict(zip(ranks["rank"].astype(int), ranks["state"], strict=True))
+    if open_alerts.empty:
+        st.caption("No open alerts.")
+    for _, a in open_alerts.iterrows():
+        ui.render_alert(a, groups, rank_state=state, lost_s=lost_by_id.get(a["alert_id"]))
+    resolved = alerts[~alerts["open"]]
+    if not resolved.empty:
+        with st.expander(f"Resolved alerts ({len(resolved)})"):
+            for _, a in resolved.iterrows():
+                ui.render_alert(a, groups, lost_s=lost_by_id.get(a["alert_id"]))
+
+    st.subheader("Lost time")
+    st.metric("Lost rank-seconds (all alerts)", f"{lost['lost_rank_seconds'].sum():,.1f}")
+    st.dataframe(
+        lost.assign(ranks=lost["ranks"].map(ui.rank_list),
+                    status=lost["status"].map(lambda s: "resolved" if s == "resolved" else "open")),
+        hide_index=True,
+        column_config={"alert_id": "Alert", "job": None, "kind": "Kind", "status": "State", "ranks": "Ranks",
+                       "step": "Step", "duration_s": st.column_config.NumberColumn("Duration s", format="%.0f"),
+                       "lost_rank_seconds": st.column_config.NumberColumn("Lost rank-s", format="%.1f"),
+                       "estimated": st.column_config.CheckboxColumn(
+                           "Estimated", help="world size x duration, when the processors sent no figure")},
+    )
+
+
+st.title("Job")
+cfg = ui.connect()
+if cfg is not None:
+    try:
+        job_list = ui.query(cfg, "jobs")
+    except StoreError as e:
+        st.warning(f"The store did not answer: {e}")
+        job_list = None
+    if job_list is not None and job_list.empty:
+        st.info(ui.EMPTY_FLEET, icon="🛰️")
+    elif job_list is not None:
+        chosen = pick_job([str(j) for j in job_list["job"]])
+        ui.live(cfg, partial(panel, cfg, chosen))

@@ -1,0 +1,131 @@
+"""Time spent blocked in torch.distributed calls made from Python.
+
+In synchronous training every rank waits for the slowest at each collective, so step time is the
+same on all ranks; the slow rank is the one that waits least. We wrap the collective API (sync
+calls) and ``Work.wait`` (async calls) and add the blocked time to a per-thread accumulator that
+the tracer reads at each step boundary. Under DDP, :func:`register_ddp_hook` records when this
+rank's last gradient bucket became ready (its busy time), forwarding to the default all-reduce.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("rankscope.collectives")
+
+COLLECTIVE_NAMES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+    "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "all_to_all",
+    "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "monitored_barrier",
+)
+WRAPPER_MARK = "_rankscope_wrapped"
+
+
+class CommTimer:
+    """Accumulates ns blocked in collectives; the tracer takes and resets it at each step."""
+
+    def __init__(self) -> None:
+        self._ns = 0
+        self._lock = threading.Lock()
+        self.ddp_ready_ns: int = 0  # wall ns of the last DDP bucket ready in this step
+
+    def add(self, ns: int) -> None:
+        with self._lock:
+            self._ns += ns
+
+    def take(self) -> int:
+        with self._lock:
+            ns, self._ns = self._ns, 0
+            return ns
+
+
+_ACTIVE: list[CommTimer] = []
+_IN_CALL = threading.local()  # nested timing (a sync collective calls Work.wait) counts once
+
+
+def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def _rankscope_timed_collective(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_IN_CALL, "depth", 0):
+            return fn(*args, **kwargs)
+        _IN_CALL.depth = 1
+        t0 = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _IN_CALL.depth = 0
+            if not kwargs.get("async_op", False):
+                dt = time.perf_counter_ns() - t0
+                for timer in _ACTIVE:
+                    timer.add(dt)
+
+    setattr(_rankscope_timed_collective, WRAPPER_MARK, True)
+    return _rankscope_timed_collective
+
+
+def install(timer: CommTimer) -> bool:
+    """Wrap torch.distributed collectives (once per process). Returns False when unavailable."""
+    _ACTIVE.append(timer)
+    try:
+        import torch.distributed as dist
+    except Exception:
+        return False
+    if not dist.is_available():
+        return False
+    for name in COLLECTIVE_NAMES:
+        fn = getattr(dist, name, None)
+        if fn is None or getattr(fn, WRAPPER_MARK, False):
+            continue
+        setattr(dist, name, _wrap(fn))
+    _wrap_work_wait()
+    return True
+
+
+def _wrap_work_wait() -> None:
+    try:
+        from torch._C._distributed_c10d import Work
+    except Exception:
+        return
+    orig = Work.wait
+    if getattr(orig, WRAPPER_MARK, False):
+        return
+
+    def _rankscope_timed_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_IN_CALL, "depth", 0):
+            return orig(self, *args, **kwargs)
+        _IN_CALL.depth = 1
+        t0 = time.perf_counter_ns()
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            _IN_CALL.depth = 0
+            dt = time.perf_counter_ns() - t0
+            for timer in _ACTIVE:
+                timer.add(dt)
+
+    setattr(_rankscope_timed_wait, WRAPPER_MARK, True)
+    try:
+        Work.wait = _rankscope_timed_wait
+    except (TypeError, AttributeError) as e:  # some builds make the type immutable
+        log.debug("cannot wrap Work.wait: %s", e)
+
+
+def uninstall(timer: CommTimer) -> None:
+    if timer in _ACTIVE:
+        _ACTIVE.remove(timer)
+
+
+def register_ddp_hook(model: Any, timer: CommTimer) -> None:
+    """Record when each gradient bucket becomes ready on this rank; forward to the default all-reduce."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    def hook(state: Any, bucket: Any) -> Any:
+        timer.ddp_ready_ns = time.time_ns()
+        return default_hooks.allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, hook)

@@ -1,0 +1,205 @@
+"""The rank-side tracer: ``tracer.step()`` marks step boundaries (PerfTracker's model).
+
+Usage::
+
+    from rankscope import Tracer
+    tracer = Tracer()            # rank, world size and job id from the torchrun environment
+    for batch in loader:
+        train_step(batch)
+        tracer.step()
+
+Contract:
+- Construction and every method never raise into training code and never block on the network;
+  with no broker the tracer logs one warning and training goes on.
+- ``step()`` costs a few microseconds: it appends a record to a list. A background thread sends
+  step batches and a heartbeat every ``heartbeat_s``; once the current step runs much longer
+  than usual (``stall_stack_factor`` x recent median, at least ``stall_stack_min_s``) heartbeats
+  carry the stacks of every thread.
+- At exit (normal end, exception, SIGTERM) a final ``exit`` record says how the process ended.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import signal
+import statistics
+import sys
+import threading
+import traceback
+from typing import Any
+
+from producers.collectives import CommTimer, install, register_ddp_hook, uninstall
+from producers.identity import RankIdentity, resolve_identity
+from producers.stacks import all_thread_stacks
+from producers.transport import Transport
+from rankscope.clock import SYSTEM_CLOCK, Clock
+from rankscope.config import Settings
+from rankscope.topics import Topic
+from rankscope.wire import Envelope, encode
+
+log = logging.getLogger("rankscope.tracer")
+
+
+class Tracer:
+    def __init__(self, settings: Settings | None = None, *, clock: Clock | None = None,
+                 transport: Any = None, install_collective_timing: bool = True,
+                 handle_signals: bool = True, **overrides: Any) -> None:
+        self._ok = False
+        self._closed = False
+        try:
+            self._init(settings, clock, transport, install_collective_timing, handle_signals, overrides)
+            self._ok = True
+        except Exception as e:  # never fail the training script
+            log.warning("rankscope: tracer disabled: %s: %s", type(e).__name__, e)
+
+    def _init(self, settings: Settings | None, clock: Clock | None, transport: Any,
+              install_collective_timing: bool, handle_signals: bool, overrides: dict[str, Any]) -> None:
+        self.settings = settings or Settings.from_env(**overrides)
+        self.clock = clock or SYSTEM_CLOCK
+        self.identity: RankIdentity = resolve_identity(self.settings)
+        self._steps_topic = Topic.STEPS.name_for(self.settings)
+        self._key = self.identity.job.encode()
+        self.transport = transport or Transport(
+            self.settings.bootstrap, queue_max=self.settings.queue_max,
+            client_id=f"rankscope-{self.identity.job}-{self.identity.rank}")
+        self._seq = 0
+        self._seq_lock = threading.Lock()
+        self._step = -1                      # last completed step
+        self._step_start_ns = self.clock.wall_ns()
+        self._pending: list[tuple[int, int, int, int]] = []
+        self._recent = collections.deque(maxlen=32)
+        self._comm = CommTimer()
+        if install_collective_timing:
+            install(self._comm)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._heartbeat_loop, name="rankscope-heartbeat", daemon=True)
+        self._thread.start()
+        atexit.register(self._atexit)
+        self._prev_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            try:
+                if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                    signal.signal(signal.SIGTERM, self._on_sigterm)
+            except (ValueError, OSError):
+                pass
+
+    # Public API -------------------------------------------------------------------------------
+    @property
+    def current_step(self) -> int:
+        """The last completed step (-1 before the first ``step()``)."""
+        return self._step
+
+    @property
+    def dropped(self) -> int:
+        return int(getattr(self.transport, "dropped", 0)) if self._ok else 0
+
+    def step(self) -> None:
+        """Mark the end of the current step and the start of the next. Never raises."""
+        if not self._ok:
+            return
+        try:
+            now = self.clock.wall_ns()
+            start = self._step_start_ns
+            comm = self._comm.take()
+            ready = self._comm.ddp_ready_ns
+            if ready and start < ready <= now:
+                comm = max(comm, now - ready)  # DDP: busy until the last bucket was ready
+                self._comm.ddp_ready_ns = 0
+            self._step += 1
+            self._pending.append((self._step, start, now, min(comm, now - start)))
+            self._recent.append(now - start)
+            self._step_start_ns = now
+        except Exception:
+            pass
+
+    def watch_ddp(self, model: Any) -> None:
+        """Under DDP, record when this rank's gradient buckets become ready (its busy time)."""
+        if self._ok:
+            try:
+                register_ddp_hook(model, self._comm)
+            except Exception as e:
+                log.warning("rankscope: DDP hook not installed: %s", e)
+
+    def close(self, reason: str = "completed", detail: str = "") -> None:
+        """Send the exit record and flush (bounded by ``flush_timeout_s``). Idempotent."""
+        if not self._ok or self._closed:
+            return
+        self._closed = True
+        try:
+            self._stop.set()
+            self._send_steps()
+            self._send("exit", {"step": self._step, "reason": reason, "detail": detail[:2000]})
+            self.transport.close(self.settings.flush_timeout_s)
+            uninstall(self._comm)
+        except Exception:
+            pass
+
+    def __enter__(self) -> Tracer:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close("completed")
+        else:
+            self.close("exception", "".join(traceback.format_exception_only(exc_type, exc)).strip())
+
+    # Background -------------------------------------------------------------------------------
+    def _send(self, kind: str, body: dict[str, Any]) -> None:
+        with self._seq_lock:
+            self._seq += 1
+            seq = self._seq
+        env = Envelope(kind=kind, job=self.identity.job, rank=self.identity.rank, host=self.identity.host,
+                       pid=self.identity.pid, seq=seq, sent_ns=self.clock.wall_ns(), body=body)
+        self.transport.send(self._steps_topic, self._key, encode(env))
+
+    def _send_steps(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        self._send("steps", {"step": [r[0] for r in batch], "start_ns": [r[1] for r in batch],
+                             "end_ns": [r[2] for r in batch], "comm_ns": [r[3] for r in batch]})
+
+    def heartbeat_body(self) -> dict[str, Any]:
+        now = self.clock.wall_ns()
+        since = (now - self._step_start_ns) / 1e9
+        stacks = None
+        if self._recent:
+            typical = statistics.median(self._recent) / 1e9
+        else:
+            typical = 0.0
+        if since > max(self.settings.stall_stack_min_s, self.settings.stall_stack_factor * typical):
+            stacks = all_thread_stacks(skip_thread_ids={threading.get_ident()})
+        return {"step": self._step, "since_step_s": round(since, 3), "dropped": self.dropped,
+                "world_size": self.identity.world_size, "local_rank": self.identity.local_rank,
+                "stacks": stacks}
+
+    def _heartbeat_loop(self) -> None:
+        period = self.settings.heartbeat_s
+        flush_period = min(0.5, period)
+        last_hb = 0.0
+        while not self._stop.wait(flush_period):
+            try:
+                self._send_steps()
+                now = self.clock.monotonic()
+                if now - last_hb >= period - 1e-3:
+                    last_hb = now
+                    self._send("heartbeat", self.heartbeat_body())
+            except Exception as e:  # keep the thread alive whatever happens
+                log.debug("heartbeat failed: %s", e)
+
+    def _atexit(self) -> None:
+        self.close("completed" if self._step >= 0 else "atexit")
+
+    def _excepthook(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.close("exception", "".join(traceback.format_exception_only(exc_type, exc)).strip())
+        finally:
+            self._prev_excepthook(exc_type, exc, tb)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.close("signal", "SIGTERM")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)

@@ -1,0 +1,160 @@
+"""Rank-side transport: a bounded, non-blocking queue in front of a confluent-kafka producer.
+
+Contract: :meth:`Transport.send` never blocks and never raises; when the queue is full the message
+is dropped and counted (the count travels in heartbeats). A background thread moves messages into
+librdkafka. With the broker down it logs one warning, keeps buffering up to the bounds (then drops
+and counts), and logs once more when deliveries succeed again. After ``fork()`` the child's
+transport is inert (DataLoader workers must not touch the parent's producer).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from typing import Any
+
+log = logging.getLogger("rankscope.transport")
+
+
+class Transport:
+    def __init__(self, bootstrap: str, *, queue_max: int = 20000, client_id: str = "rankscope-rank",
+                 producer_config: dict[str, Any] | None = None) -> None:
+        self._queue: collections.deque[tuple[str, bytes, bytes]] = collections.deque()
+        self._queue_max = queue_max
+        self._cond = threading.Condition()
+        self._dropped = 0
+        self._delivered = 0
+        self._failed = 0
+        self._broker_down_warned = False
+        self._closed = False
+        self._pid = os.getpid()
+        self._producer: Any = None
+        self._thread: threading.Thread | None = None
+        try:
+            from confluent_kafka import Producer
+
+            conf = {
+                "bootstrap.servers": bootstrap,
+                "client.id": client_id,
+                "linger.ms": 50,
+                "compression.type": "lz4",
+                "queue.buffering.max.messages": queue_max,
+                "queue.buffering.max.kbytes": 65536,
+                "message.timeout.ms": 300000,
+                "reconnect.backoff.max.ms": 2000,
+                "error_cb": self._on_error,
+                "logger": logging.getLogger("rankscope.librdkafka"),
+                "log_level": 3,
+            }
+            conf.update(producer_config or {})
+            self._producer = Producer(conf)
+        except Exception as e:  # bad config or missing library: degrade, never fail training
+            log.warning("rankscope: Kafka producer unavailable (%s); telemetry disabled", e)
+            self._closed = True
+            return
+        self._thread = threading.Thread(target=self._run, name="rankscope-transport", daemon=True)
+        self._thread.start()
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
+
+    # Public ---------------------------------------------------------------------------------
+    @property
+    def dropped(self) -> int:
+        return self._dropped
+
+    @property
+    def delivered(self) -> int:
+        return self._delivered
+
+    def send(self, topic: str, key: bytes, value: bytes) -> bool:
+        """Queue one message; returns False (and counts a drop) when full or closed. Never blocks."""
+        if self._closed or os.getpid() != self._pid:
+            return False
+        if len(self._queue) >= self._queue_max:
+            self._dropped += 1
+            return False
+        self._queue.append((topic, key, value))
+        if len(self._queue) == 1:
+            with self._cond:
+                self._cond.notify()
+        return True
+
+    def flush(self, timeout_s: float) -> int:
+        """Move queued messages to the broker, waiting up to ``timeout_s``. Returns messages left."""
+        if self._producer is None or os.getpid() != self._pid:
+            return 0
+        self._drain()
+        try:
+            return int(self._producer.flush(timeout_s))
+        except Exception:
+            return len(self._queue)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        if self._closed:
+            return
+        left = self.flush(timeout_s)
+        self._closed = True
+        with self._cond:
+            self._cond.notify()
+        if left:
+            log.warning("rankscope: %d telemetry messages not delivered at exit", left)
+
+    # Internals ------------------------------------------------------------------------------
+    def _after_fork_in_child(self) -> None:
+        self._closed = True
+        self._producer = None
+        self._queue = collections.deque()
+
+    def _run(self) -> None:
+        while not self._closed:
+            with self._cond:
+                if not self._queue:
+                    self._cond.wait(0.1)
+            self._drain()
+            try:
+                self._producer.poll(0)
+            except Exception:
+                pass
+
+    def _drain(self) -> None:
+        producer = self._producer
+        if producer is None:
+            return
+        while self._queue:
+            topic, key, value = self._queue[0]
+            try:
+                producer.produce(topic, value=value, key=key, on_delivery=self._on_delivery)
+            except BufferError:
+                # librdkafka's own buffer is full (broker down for long): drop the oldest, count it.
+                self._queue.popleft()
+                self._dropped += 1
+                producer.poll(0)
+                continue
+            except Exception as e:
+                self._queue.popleft()
+                self._failed += 1
+                log.debug("produce failed: %s", e)
+                continue
+            self._queue.popleft()
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is None:
+            self._delivered += 1
+            if self._broker_down_warned:
+                self._broker_down_warned = False
+                log.warning("rankscope: Kafka reachable again; telemetry resumed")
+        else:
+            self._failed += 1
+
+    def _on_error(self, err: Any) -> None:
+        try:
+            from confluent_kafka import KafkaError
+
+            down = err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT)
+        except Exception:
+            down = True
+        if down and not self._broker_down_warned:
+            self._broker_down_warned = True
+            log.warning("rankscope: Kafka unreachable (%s); training continues, telemetry is buffered "
+                        "(bounded) and sent when the broker returns", err)

@@ -1,0 +1,119 @@
+"""Kafka topic administration through ``confluent_kafka.admin.AdminClient``.
+
+Works the same against the project-managed local broker and an external cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from rankscope.config import Settings
+from rankscope.topics import all_topic_names
+
+log = logging.getLogger(__name__)
+# librdkafka's own log lines (e.g. "connection refused" while a broker starts) go here instead
+# of raw stderr; they are only emitted while a client call is running.
+_client_log = logging.getLogger("rankscope.kafka.client")
+
+
+class KafkaUnavailable(RuntimeError):
+    """No Kafka cluster answered at the bootstrap address in time."""
+
+
+def admin_client(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, "logger": _client_log})
+
+
+def kafka_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
+    """One metadata round trip: True when the cluster answered within ``timeout_s``."""
+    try:
+        md = admin_client(bootstrap).list_topics(timeout=timeout_s)
+    except KafkaException:
+        return False
+    return bool(md.brokers)
+
+
+def wait_for_kafka(bootstrap: str, timeout_s: float = 30.0) -> None:
+    """Block until a metadata request to ``bootstrap`` succeeds; raise KafkaUnavailable otherwise."""
+    deadline = time.monotonic() + timeout_s
+    client = admin_client(bootstrap)
+    last: Exception | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise KafkaUnavailable(f"Kafka at {bootstrap} did not answer within {timeout_s:.0f}s: {last}")
+        try:
+            if client.list_topics(timeout=min(2.0, max(remaining, 0.1))).brokers:
+                return
+        except KafkaException as e:
+            last = e
+        time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+
+
+def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
+    """Create every rankscope topic (``settings.topic_partitions`` partitions, replication 1).
+
+    Idempotent: topics that already exist are left as they are. Returns when all topics are
+    visible in the cluster metadata with a leader for every partition.
+    """
+    deadline = time.monotonic() + timeout_s
+    wait_for_kafka(settings.bootstrap, timeout_s)
+    names = list(all_topic_names(settings).values())
+    client = admin_client(settings.bootstrap)
+    existing = set(client.list_topics(timeout=max(deadline - time.monotonic(), 1.0)).topics)
+    missing = [n for n in names if n not in existing]
+    if missing:
+        futures = client.create_topics(
+            [NewTopic(n, num_partitions=settings.topic_partitions, replication_factor=1) for n in missing],
+            operation_timeout=max(deadline - time.monotonic(), 1.0),
+            request_timeout=max(deadline - time.monotonic(), 1.0))
+        for name, fut in futures.items():
+            try:
+                fut.result(timeout=max(deadline - time.monotonic(), 1.0))
+                log.info("created topic %s (%d partitions)", name, settings.topic_partitions)
+            except KafkaException as e:
+                err = e.args[0] if e.args else None
+                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue  # created concurrently by another process
+                raise
+    _wait_visible(client, names, deadline, settings.bootstrap)
+    return names
+
+
+def _wait_visible(client: AdminClient, names: list[str], deadline: float, bootstrap: str) -> None:
+    pending = list(names)
+    while True:
+        try:
+            topics = client.list_topics(timeout=max(min(deadline - time.monotonic(), 2.0), 0.5)).topics
+            pending = [n for n in names if n not in topics or topics[n].error is not None
+                       or not topics[n].partitions
+                       or any(p.leader < 0 for p in topics[n].partitions.values())]
+        except KafkaException:
+            pass
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise KafkaUnavailable(f"topics not ready on {bootstrap}: {pending}")
+        time.sleep(0.1)
+
+
+def delete_topics(settings: Settings, names: Iterable[str], timeout_s: float = 30.0) -> None:
+    """Delete topics (missing ones are ignored). Mostly for tests."""
+    names = list(names)
+    if not names:
+        return
+    client = admin_client(settings.bootstrap)
+    futures = client.delete_topics(names, operation_timeout=timeout_s, request_timeout=timeout_s)
+    for _name, fut in futures.items():
+        try:
+            fut.result(timeout=timeout_s)
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue
+            raise

@@ -1,0 +1,114 @@
+"""A small multi-rank training job for demos and tests (torchrun, gloo on CPU).
+
+    torchrun --nproc-per-node 4 -m rankscope.demo.train --steps 300 --slow-rank 1 --hang-rank 3 --hang-at-step 120
+
+One rank can be made slow (``--slow-factor`` x the compute of the others, inside
+``slow_extra_compute``) and one can hang at a given step (inside ``hang_forever``), the
+way a deadlocked data loader or a stuck kernel would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from rankscope import Tracer
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--size", type=int, default=192, help="matrix size of the per-step compute")
+    p.add_argument("--matmuls", type=int, default=20, help="matmuls per step on a normal rank")
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-factor", type=float, default=4.0)
+    p.add_argument("--slow-from-step", type=int, default=0)
+    p.add_argument("--hang-rank", type=int, default=-1)
+    p.add_argument("--hang-at-step", type=int, default=-1)
+    p.add_argument("--ddp", action="store_true", help="train a small MLP under DDP instead of explicit all_reduce")
+    p.add_argument("--no-tracer", action="store_true", help="baseline for overhead measurements")
+    p.add_argument("--result-file", default="", help="write the median step time (s) here (rank 0)")
+    args = p.parse_args(argv)
+    if args.steps <= 0:
+        p.error(f"--steps must be > 0, got {args.steps}")
+    if args.slow_factor < 1:
+        p.error(f"--slow-factor must be >= 1, got {args.slow_factor}")
+    return args
+
+
+def compute(x: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
+    for _ in range(n):
+        x = torch.tanh(x @ w)
+    return x
+
+
+def slow_extra_compute(x: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
+    return compute(x, w, n)
+
+
+def hang_forever() -> None:
+    while True:
+        time.sleep(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tracer = None if args.no_tracer else Tracer()
+    torch.manual_seed(rank)
+    x0 = torch.randn(args.size, args.size)
+    w = torch.randn(args.size, args.size) / args.size ** 0.5
+    extra = int(round(args.matmuls * (args.slow_factor - 1)))
+    model = opt = None
+    if args.ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        layers = []
+        for _ in range(6):
+            layers += [torch.nn.Linear(args.size, args.size), torch.nn.ReLU()]
+        model = DDP(torch.nn.Sequential(*layers))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        if tracer is not None:
+            tracer.watch_ddp(model)
+    durations = []
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        if rank == args.hang_rank and step == args.hang_at_step:
+            print(f"rank {rank}: hanging at step {step}", file=sys.stderr, flush=True)
+            hang_forever()
+        if args.ddp:
+            reps = 1 + (extra // max(args.matmuls, 1) if rank == args.slow_rank else 0)
+            out = x0
+            for _ in range(reps):
+                out = model(out)
+            loss = out.square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        else:
+            y = compute(x0, w, args.matmuls)
+            if rank == args.slow_rank and step >= args.slow_from_step:
+                y = slow_extra_compute(y, w, extra)
+            t = y.sum().reshape(1)
+            dist.all_reduce(t)
+        if tracer is not None:
+            tracer.step()
+        durations.append(time.perf_counter() - t0)
+    if tracer is not None:
+        tracer.close()
+    if args.result_file and rank == 0:
+        durations.sort()
+        with open(args.result_file, "w") as f:
+            f.write(str(durations[len(durations) // 2]))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

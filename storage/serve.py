@@ -1,0 +1,201 @@
+"""The serve process: in embedded mode the one process that holds the chDB directory.
+
+It runs the sink in a daemon thread and the Streamlit dashboard in-process, so the pages read the
+store through the same clickhouse-connect client (``open_store(settings.store_dsn)`` returns the
+process's shared store). With a ClickHouse server DSN the same process works too, and the sink may
+run elsewhere (``rankscope sink``; ``serve --no-sink``).
+
+Order matters (see FACTS.md "Embedded mode in one process"):
+1. import pandas, pyarrow and clickhouse_connect in the main thread (a first import racing between
+   threads fails with "partially initialized module");
+2. export every setting as ``RANKSCOPE_*`` into ``os.environ`` so that pages, which build their
+   settings with ``Settings.from_env()``, get identical settings;
+3. open the store (raises StoreLocked while another process holds the directory);
+4. start the sink thread;
+5. run Streamlit in the main thread (``bootstrap.run`` blocks; SIGINT/SIGTERM stop it), then stop the
+   sink, which writes and commits its open batch, and close the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from rankscope.clock import SYSTEM_CLOCK, Clock
+from rankscope.config import ConfigError, Settings
+
+log = logging.getLogger(__name__)
+
+SINK_RESTART_S = 5.0
+SINK_JOIN_S = 30.0
+
+_RUNNING: dict[str, Any] = {}   # the sink of this process, for pages that show its stats
+_RUNNING_LOCK = threading.Lock()
+
+
+def running_sink() -> Any:
+    """The Sink running in this process (serve or sink command), or None."""
+    with _RUNNING_LOCK:
+        return _RUNNING.get("sink")
+
+
+def default_script() -> Path:
+    import dashboard
+
+    return Path(dashboard.__file__).resolve().parent / "app.py"
+
+
+def export_settings(settings: Settings, environ: Any = None) -> dict[str, str]:
+    """Write every setting into ``environ`` (default ``os.environ``) as ``RANKSCOPE_<NAME>``.
+
+    Returns what was written. Raises ConfigError when the result would not rebuild ``settings``
+    (e.g. an empty string where the default is not empty: an empty env var means "default").
+    """
+    env = os.environ if environ is None else environ
+    written = {}
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        written[f"RANKSCOPE_{f.name.upper()}"] = str(value)
+    env.update(written)
+    rebuilt = Settings.from_env(env)
+    if rebuilt != settings:
+        diff = [f.name for f in fields(settings) if getattr(rebuilt, f.name) != getattr(settings, f.name)]
+        raise ConfigError(f"settings {diff} cannot be passed through RANKSCOPE_* env vars unchanged")
+    return written
+
+
+def streamlit_options(settings: Settings) -> dict[str, Any]:
+    """Flag options for ``bootstrap.run``: loopback only, headless, no telemetry, agent API when known."""
+    from streamlit import config as st_config
+
+    opts: dict[str, Any] = {
+        "server_port": settings.dashboard_port,
+        "server_address": "127.0.0.1",
+        "server_headless": True,
+        "browser_gatherUsageStats": False,
+    }
+    if "server.enableAgentApi" in getattr(st_config, "_config_options_template", {}):
+        opts["server_enableAgentApi"] = True
+    return opts
+
+
+def _preload_main_thread_imports() -> None:
+    import clickhouse_connect  # noqa: F401
+    import pandas  # noqa: F401
+    import pyarrow  # noqa: F401
+
+
+class SinkThread:
+    """Runs a Sink in a daemon thread; rebuilds it after an unexpected error (the dashboard stays up)."""
+
+    def __init__(self, settings: Settings, store: Any, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.settings = settings
+        self.store = store
+        self.clock = clock
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._main, name="rankscope-sink", daemon=True)
+
+    def start(self) -> SinkThread:
+        self.thread.start()
+        return self
+
+    def stop(self, timeout_s: float = SINK_JOIN_S) -> bool:
+        """Ask the sink to write its open batch and close; True when it finished within ``timeout_s``."""
+        self.stop_event.set()
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            log.error("sink thread did not stop within %.0fs", timeout_s)
+            return False
+        return True
+
+    def _main(self) -> None:
+        from storage.sink import Sink
+
+        while not self.stop_event.is_set():
+            sink = None
+            try:
+                sink = Sink(self.settings, self.store, self.clock)
+                with _RUNNING_LOCK:
+                    _RUNNING["sink"] = sink
+                log.info("sink consuming %s into %s", sorted(sink.topics.values()), self.store.dsn)
+                sink.run(self.stop_event)
+            except Exception:
+                log.exception("sink failed; restarting in %.0fs", SINK_RESTART_S)
+                if sink is not None:
+                    try:
+                        sink.close()
+                    except Exception:
+                        log.exception("closing the failed sink")
+                self.stop_event.wait(SINK_RESTART_S)
+            finally:
+                with _RUNNING_LOCK:
+                    if _RUNNING.get("sink") is sink:
+                        _RUNNING.pop("sink", None)
+
+
+def serve(settings: Settings, script_path: str | Path | None = None, *, with_sink: bool = True,
+          clock: Clock = SYSTEM_CLOCK) -> int:
+    """Run the dashboard (and, by default, the sink) in this process until SIGINT/SIGTERM. Blocks.
+
+    Must be called from the main thread (Streamlit installs signal handlers). Raises StoreLocked when
+    another process holds the embedded store, ConfigError for a missing script. Returns 0.
+    """
+    script = Path(script_path) if script_path is not None else default_script()
+    if not script.is_file():
+        raise ConfigError(f"dashboard script {script} does not exist")
+    _preload_main_thread_imports()
+    export_settings(settings)
+
+    from streamlit.web import bootstrap
+
+    from storage.store import close_store, open_store
+
+    store = open_store(settings.store_dsn)
+    sink = SinkThread(settings, store, clock).start() if with_sink else None
+    opts = streamlit_options(settings)
+    log.info("dashboard on http://127.0.0.1:%d (store %s, sink %s)", settings.dashboard_port,
+             settings.store_dsn, "on" if sink else "off")
+    try:
+        bootstrap.load_config_options(opts)
+        bootstrap.run(str(script), False, [], opts)
+    finally:
+        if sink is not None:
+            sink.stop()
+        close_store(settings.store_dsn)
+    return 0
+
+
+def run_sink(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> int:
+    """Run the sink alone in this process until SIGINT/SIGTERM. Blocks; returns 0.
+
+    Raises StoreLocked when the embedded store is held by another process (e.g. ``rankscope serve``).
+    """
+    _preload_main_thread_imports()
+    from storage.sink import Sink
+    from storage.store import close_store, open_store
+
+    store = open_store(settings.store_dsn)
+    if store.embedded:
+        log.warning("the sink holds the embedded store %s alone: nothing else can read it while it runs "
+                    "(`rankscope serve` runs sink and dashboard together)", settings.store_dsn)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        sink = Sink(settings, store, clock)
+        with _RUNNING_LOCK:
+            _RUNNING["sink"] = sink
+        log.info("sink consuming %s into %s", sorted(sink.topics.values()), settings.store_dsn)
+        sink.run(stop)
+        log.info("sink stopped: %s", sink.stats())
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.pop("sink", None)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        close_store(settings.store_dsn)
+    return 0

@@ -1,0 +1,751 @@
+"""The sink: Kafka -> ClickHouse, committing offsets only after the rows are in the store.
+
+Pipeline per message (snuba's strategy chain, in one thread)::
+
+    poll -> decode/validate -> convert to rows -> batch -> insert all tables -> commit offsets
+
+- Decode: msgpack envelopes (:func:`rankscope.wire.decode`) on the steps, stats and hw topics, JSON
+  on the alerts (:meth:`Alert.from_json`) and deadletter (:meth:`DeadLetter.from_json`) topics. A
+  message that fails is produced to the deadletter topic (``stage="sink"``), counted, and its offset
+  is committed with the batch; the sink never stops on bad input.
+- Batch: closed at ``settings.sink_batch_rows`` rows or ``settings.sink_batch_s`` seconds after its
+  first message (measured on the injected clock), whichever comes first.
+- Write: one column-oriented insert per table, then the ``ranks``/``jobs`` upserts, then a flush of
+  the dead letters produced for the batch, then a synchronous commit of the exact next offsets.
+  A :class:`StoreError` leaves the batch uncommitted: the assignment is paused (the consumer keeps
+  polling so it stays in the group) and the same batch is retried with exponential back-off. Tables
+  already written are not written again; re-inserts would be harmless anyway (ReplacingMergeTree).
+- Rebalance (eager protocol): on revoke the open batch gets one write attempt; if that fails it is
+  dropped uncommitted and whoever owns the partitions next re-reads it.
+
+``ranks`` and ``jobs`` are ReplacingMergeTree(last_seen_ns): every upsert row must be complete, so
+the sink keeps the known state of each (job, rank) in memory, fills it from the store the first time
+a job is seen by this process, and writes the merged state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankscope.alerts import Alert
+from rankscope.clock import SYSTEM_CLOCK, Clock
+from rankscope.config import Settings
+from rankscope.deadletter import DeadLetter, DeadLetterCounter
+from rankscope.topics import Topic
+from rankscope.wire import Envelope, WireError, decode
+from storage.store import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class _RepeatFilter(logging.Filter):
+    """Drops a line identical to one let through less than ``window_s`` ago (librdkafka repeats
+    "connection refused" several times a second while the broker is down)."""
+
+    def __init__(self, window_s: float = 30.0) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key, now = record.getMessage(), time.monotonic()
+        with self._lock:
+            seen = self._last.get(key)
+            if seen is not None and now - seen < self.window_s:
+                return False
+            if len(self._last) > 1000:
+                self._last.clear()
+            self._last[key] = now
+        return True
+
+
+# librdkafka's own log lines, routed into logging (delivered while the client is polled).
+_client_log = logging.getLogger("rankscope.kafka.client.sink")
+_client_log.addFilter(_RepeatFilter())
+
+STAGE = "sink"
+SINK_TOPICS = (Topic.STEPS, Topic.STATS, Topic.ALERTS, Topic.DEADLETTER, Topic.HW)
+# Kinds the sink stores; other valid kinds on its topics are counted as skipped.
+STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw"})
+
+_I64 = (-(2**63), 2**63 - 1)
+_I32 = (-(2**31), 2**31 - 1)
+_U32 = (0, 2**32 - 1)
+
+RANK_COLUMNS = ("job", "rank", "host", "pid", "local_rank", "world_size", "last_step", "last_seen_ns",
+                "exit_reason", "exit_detail")
+JOB_COLUMNS = ("job", "world_size", "first_seen_ns", "last_seen_ns")
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "steps": ("job", "rank", "step", "start_ns", "end_ns", "duration_ns", "comm_ns", "busy_ns", "host",
+              "pid", "seq"),
+    "heartbeats": ("job", "rank", "ts_ns", "step", "since_step_s", "dropped", "host", "pid", "seq", "stacks"),
+    "worker_stats": ("job", "rank", "ts_ns", "step", "window_steps", "median_step_ns", "p95_step_ns",
+                     "median_busy_ns", "median_comm_ns", "busy_z", "state"),
+    "hw_samples": ("job", "rank", "host", "device", "ts_ns", "metric", "value"),
+    "alerts": ("alert_id", "job", "kind", "status", "severity", "ranks", "step", "opened_ns", "updated_ns",
+               "resolved_ns", "version", "summary", "lost_rank_seconds", "body"),
+    "alert_events": ("alert_id", "job", "kind", "status", "version", "updated_ns", "body"),
+    "deadletters": ("ts_ns", "source_topic", "partition", "offset", "stage", "reason", "detail", "payload_b64"),
+}
+# Insert order: facts first, then the upserts that summarise them.
+TABLE_ORDER = (*TABLE_COLUMNS, "ranks", "jobs")
+
+
+class InvalidMessage(Exception):
+    """A message the sink cannot store. ``reason`` is the short code written to the dead letter."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Back-off between write attempts of the same batch: ``initial_s`` doubling up to ``max_s``."""
+
+    initial_s: float = 0.25
+    max_s: float = 8.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial_s <= self.max_s:
+            raise ValueError(f"RetryPolicy needs 0 < initial_s <= max_s, got {self.initial_s}, {self.max_s}")
+
+    def delay(self, attempt: int) -> float:
+        return min(self.max_s, self.initial_s * 2 ** max(0, attempt - 1))
+
+
+# --------------------------------------------------------------------------------------------
+# Row conversion (pure functions; raise InvalidMessage)
+# --------------------------------------------------------------------------------------------
+
+def _int(value: Any, name: str, bounds: tuple[int, int] = _I64) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidMessage("bad_body", f"{name} is {type(value).__name__}, expected int")
+    if not bounds[0] <= value <= bounds[1]:
+        raise InvalidMessage("bad_body", f"{name}={value} out of range {bounds}")
+    return value
+
+
+def _float(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidMessage("bad_body", f"{name} is {type(value).__name__}, expected number")
+    return float(value)
+
+
+def _str(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidMessage("bad_body", f"{name} is {type(value).__name__}, expected str")
+    return value
+
+
+def _check_range(values: list[int], name: str, bounds: tuple[int, int] = _I64) -> None:
+    if values and (min(values) < bounds[0] or max(values) > bounds[1]):
+        raise InvalidMessage("bad_body", f"{name} holds values out of range {bounds}")
+
+
+class Columns:
+    """Column buffers of one table: ``{column: [values]}`` plus the row count."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.data: dict[str, list[Any]] = {n: [] for n in names}
+        self.rows = 0
+
+    def add_row(self, **values: Any) -> None:
+        for name, col in self.data.items():
+            col.append(values[name])
+        self.rows += 1
+
+    def extend(self, n: int, **columns: Any) -> None:
+        """Append ``n`` rows; each value is a list of ``n`` values or a scalar repeated ``n`` times."""
+        for name, col in self.data.items():
+            v = columns[name]
+            col.extend(v if isinstance(v, list) else [v] * n)
+        self.rows += n
+
+
+def steps_columns(env: Envelope, out: Columns) -> int:
+    """Append the step records of a ``steps`` envelope. Returns the highest step (-1 if none)."""
+    b = env.body
+    steps, starts, ends, comms = b["step"], b["start_ns"], b["end_ns"], b["comm_ns"]
+    n = len(steps)
+    if not n:
+        return -1
+    for name, col in (("step", steps), ("start_ns", starts), ("end_ns", ends), ("comm_ns", comms)):
+        _check_range(col, f"steps.{name}")
+    durations = [e - s for s, e in zip(starts, ends, strict=True)]
+    _check_range(durations, "steps.end_ns-start_ns")
+    busy = [d - c if d > c else 0 for d, c in zip(durations, comms, strict=True)]
+    out.extend(n, job=env.job, rank=env.rank, step=steps, start_ns=starts, end_ns=ends, duration_ns=durations,
+               comm_ns=comms, busy_ns=busy, host=env.host, pid=env.pid, seq=env.seq)
+    return max(steps)
+
+
+def heartbeat_row(env: Envelope) -> dict[str, Any]:
+    b = env.body
+    stacks = b["stacks"]
+    return {"job": env.job, "rank": env.rank, "ts_ns": env.sent_ns, "step": _int(b["step"], "heartbeat.step"),
+            "since_step_s": _float(b["since_step_s"], "heartbeat.since_step_s"),
+            "dropped": _int(b["dropped"], "heartbeat.dropped"), "host": env.host, "pid": env.pid,
+            "seq": env.seq, "stacks": "" if stacks is None else json.dumps(stacks, separators=(",", ":"))}
+
+
+STATS_FIELDS: dict[str, Callable[[Any, str], Any]] = {
+    "rank": lambda v, n: _int(v, n, _I32), "ts_ns": _int, "step": _int,
+    "window_steps": lambda v, n: _int(v, n, _I32), "median_step_ns": _int, "p95_step_ns": _int,
+    "median_busy_ns": _int, "median_comm_ns": _int, "busy_z": _float, "state": _str,
+}
+
+
+def stats_rows(env: Envelope) -> list[dict[str, Any]]:
+    rows = []
+    for i, entry in enumerate(env.body["ranks"]):
+        if not isinstance(entry, dict):
+            raise InvalidMessage("bad_body", f"stats.ranks[{i}] is {type(entry).__name__}")
+        row: dict[str, Any] = {"job": env.job}
+        for name, conv in STATS_FIELDS.items():
+            if name not in entry:
+                raise InvalidMessage("bad_body", f"stats.ranks[{i}].{name} missing")
+            row[name] = conv(entry[name], f"stats.ranks[{i}].{name}")
+        rows.append(row)
+    return rows
+
+
+def hw_columns(env: Envelope, out: Columns) -> None:
+    """Columnar samples -> long format, one row per (sample, metric); None values are skipped."""
+    b = env.body
+    ts, devices, metrics = b["ts_ns"], b["device"], b["metrics"]
+    n = len(ts)
+    if len(devices) != n:
+        raise InvalidMessage("bad_body", f"hw.device has {len(devices)} values, ts_ns has {n}")
+    ts = [_int(t, "hw.ts_ns") for t in ts]
+    devices = [_int(d, "hw.device", _I32) for d in devices]
+    for name, values in metrics.items():
+        if not isinstance(name, str) or not isinstance(values, list) or len(values) != n:
+            raise InvalidMessage("bad_body", f"hw.metrics[{name!r}] must be a list of {n} values")
+        for t, d, v in zip(ts, devices, values, strict=True):
+            if v is not None:
+                out.add_row(job=env.job, rank=env.rank, host=env.host, device=d, ts_ns=t, metric=name,
+                            value=_float(v, f"hw.metrics[{name!r}]"))
+
+
+def alert_rows(alert: Alert) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``alerts`` row (latest state, body = the whole JSON) and the ``alert_events`` row."""
+    if not isinstance(alert.ranks, list):
+        raise InvalidMessage("bad_alert", "ranks is not a list")
+    body = alert.to_json().decode()
+    try:
+        row = {"alert_id": _str(alert.alert_id, "alert_id"), "job": _str(alert.job, "job"), "kind": alert.kind,
+               "status": alert.status, "severity": _str(alert.severity, "severity"),
+               "ranks": [_int(r, "ranks[]", _I32) for r in alert.ranks], "step": _int(alert.step, "step"),
+               "opened_ns": _int(alert.opened_ns, "opened_ns"), "updated_ns": _int(alert.updated_ns, "updated_ns"),
+               "resolved_ns": _int(alert.resolved_ns, "resolved_ns"), "version": _int(alert.version, "version", _U32),
+               "summary": _str(alert.summary, "summary"),
+               "lost_rank_seconds": _float(alert.lost_rank_seconds, "lost_rank_seconds"), "body": body}
+    except InvalidMessage as e:
+        raise InvalidMessage("bad_alert", e.detail) from None
+    event = {k: row[k] for k in TABLE_COLUMNS["alert_events"]}
+    return row, event
+
+
+def deadletter_row(dl: DeadLetter) -> dict[str, Any]:
+    try:
+        return {"ts_ns": _int(dl.ts_ns, "ts_ns"), "source_topic": _str(dl.source_topic, "source_topic"),
+                "partition": _int(dl.partition, "partition", _I32), "offset": _int(dl.offset, "offset"),
+                "stage": _str(dl.stage, "stage"), "reason": _str(dl.reason, "reason"),
+                "detail": _str(dl.detail, "detail"), "payload_b64": _str(dl.payload_b64, "payload_b64")}
+    except InvalidMessage as e:
+        raise InvalidMessage("bad_deadletter", e.detail) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Rank and job state (carried forward so every upsert row is complete)
+# --------------------------------------------------------------------------------------------
+
+def _new_rank(job: str, rank: int) -> dict[str, Any]:
+    return {"job": job, "rank": rank, "host": "", "pid": 0, "local_rank": -1, "world_size": -1,
+            "last_step": -1, "last_seen_ns": 0, "exit_reason": "", "exit_detail": ""}
+
+
+def merge_rank(state: dict[str, Any], upd: dict[str, Any]) -> None:
+    """Merge a partial observation ``upd`` (must hold ``last_seen_ns``) into ``state`` in place.
+
+    Rules: ``last_seen_ns`` and ``last_step`` take the maximum; host/pid/local_rank/world_size take
+    the newer known value (unknown = ''/0/-1); an exit reason is kept once seen. A newer observation
+    from another pid is a restarted rank: its step and (empty) exit reason replace the old ones.
+    An older observation from another pid only fills unknown host/world_size/local_rank.
+    """
+    seen = upd["last_seen_ns"]
+    newer = seen >= state["last_seen_ns"]
+    other_pid = bool(upd.get("pid")) and bool(state["pid"]) and upd["pid"] != state["pid"]
+    if other_pid and not newer:
+        for k, unknown in (("host", ""), ("world_size", -1), ("local_rank", -1)):
+            if state[k] == unknown and upd.get(k, unknown) != unknown:
+                state[k] = upd[k]
+        return
+    if other_pid:
+        state["last_step"] = upd.get("last_step", -1)
+        state["exit_reason"] = upd.get("exit_reason", "")
+        state["exit_detail"] = upd.get("exit_detail", "")
+    else:
+        state["last_step"] = max(state["last_step"], upd.get("last_step", -1))
+        if upd.get("exit_reason"):
+            state["exit_reason"] = upd["exit_reason"]
+            state["exit_detail"] = upd.get("exit_detail", "")
+    for k, unknown in (("host", ""), ("pid", 0), ("world_size", -1), ("local_rank", -1)):
+        v = upd.get(k, unknown)
+        if v != unknown and (newer or state[k] == unknown):
+            state[k] = v
+    state["last_seen_ns"] = max(state["last_seen_ns"], seen)
+
+
+def merge_job(state: dict[str, Any], upd: dict[str, Any]) -> None:
+    if upd.get("world_size", -1) > 0 and (upd["last_seen_ns"] >= state["last_seen_ns"] or state["world_size"] <= 0):
+        state["world_size"] = upd["world_size"]
+    firsts = [x for x in (state["first_seen_ns"], upd.get("first_seen_ns", upd["last_seen_ns"])) if x > 0]
+    state["first_seen_ns"] = min(firsts) if firsts else 0
+    state["last_seen_ns"] = max(state["last_seen_ns"], upd["last_seen_ns"])
+
+
+# --------------------------------------------------------------------------------------------
+# The batch
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Batch:
+    started_at: float
+    tables: dict[str, Columns] = field(default_factory=dict)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)   # (topic, partition) -> next offset
+    messages: int = 0
+    rows: int = 0
+    dead_letters: int = 0
+    ranks: set[tuple[str, int]] = field(default_factory=set)            # dirty (job, rank) keys
+    jobs: set[str] = field(default_factory=set)                         # dirty jobs
+    done: set[str] = field(default_factory=set)                         # tables already written
+    attempts: int = 0
+
+    def table(self, name: str) -> Columns:
+        cols = self.tables.get(name)
+        if cols is None:
+            cols = self.tables[name] = Columns(TABLE_COLUMNS[name])
+        return cols
+
+
+# --------------------------------------------------------------------------------------------
+# The sink
+# --------------------------------------------------------------------------------------------
+
+def consumer_config(settings: Settings) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": settings.bootstrap,
+        "group.id": settings.sink_group,
+        "client.id": "rankscope-sink",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": 10000,
+        "heartbeat.interval.ms": 2000,
+        "max.poll.interval.ms": 300000,
+        "topic.metadata.refresh.interval.ms": 10000,  # pick up topics created after start-up
+        "logger": _client_log,
+    }
+
+
+def producer_config(settings: Settings) -> dict[str, Any]:
+    return {"bootstrap.servers": settings.bootstrap, "client.id": "rankscope-sink-dlq", "acks": "all",
+            "enable.idempotence": True, "linger.ms": 20, "logger": _client_log}
+
+
+class Sink:
+    """Consumes the rankscope topics into the store. One thread drives it (``run`` or ``poll_once``).
+
+    ``consumer``/``producer`` default to confluent-kafka clients built from ``settings``; tests may pass
+    objects with the same methods. ``stats()`` may be called from any thread.
+    """
+
+    def __init__(self, settings: Settings, store: Store, clock: Clock = SYSTEM_CLOCK, *,
+                 consumer: Any = None, producer: Any = None, counter: DeadLetterCounter | None = None,
+                 retry: RetryPolicy | None = None, max_poll_messages: int = 1000) -> None:
+        self.settings = settings
+        self.store = store
+        self.clock = clock
+        self.retry = retry or RetryPolicy()
+        self.dead_letters = counter or DeadLetterCounter()
+        self.max_poll_messages = max_poll_messages
+        self.topics = {t: t.name_for(settings) for t in SINK_TOPICS}
+        self._kind_by_name = {name: t for t, name in self.topics.items()}
+        self._deadletter_topic = Topic.DEADLETTER.name_for(settings)
+        if consumer is None:
+            from confluent_kafka import Consumer
+
+            consumer = Consumer(consumer_config(settings))
+        if producer is None:
+            from confluent_kafka import Producer
+
+            producer = Producer(producer_config(settings))
+        self._consumer = consumer
+        self._producer = producer
+        self._consumer.subscribe(list(self.topics.values()), on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke)
+        self._batch: Batch | None = None      # open batch, still taking messages
+        self._pending: Batch | None = None    # closed batch whose write failed, waiting to retry
+        self._retry_at = 0.0
+        self._paused = False
+        self._ranks: dict[tuple[str, int], dict[str, Any]] = {}
+        self._jobs: dict[str, dict[str, Any]] = {}
+        self._hydrated: set[str] = set()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._rows: Counter[str] = Counter()
+        self._counts: Counter[str] = Counter()
+        self._last_commit: dict[str, Any] = {}
+        self._dlq_failures = 0
+
+    # Public interface ---------------------------------------------------------------------------
+    def run(self, stop: threading.Event, poll_timeout_s: float = 0.1) -> None:
+        """Poll until ``stop`` is set, then write the open batch (one attempt) and close. Blocks."""
+        try:
+            while not stop.is_set():
+                self.poll_once(poll_timeout_s)
+        finally:
+            self.close()
+
+    def poll_once(self, timeout_s: float = 0.1) -> int:
+        """One step: consume up to ``max_poll_messages`` (waiting at most ``timeout_s``), add them to
+        the batch, and write the batch when it is full or old enough. While a failed batch waits for
+        its retry, only keep the consumer alive. Returns the number of messages taken.
+
+        Raises KafkaException on fatal consumer errors; store errors are retried, never raised.
+        """
+        if self._pending is not None:
+            if self.clock.monotonic() < self._retry_at:
+                self._keep_alive(timeout_s)
+                return 0
+            self._write(self._pending)
+            return 0
+        msgs = self._consumer.consume(num_messages=self.max_poll_messages, timeout=timeout_s)
+        taken = 0
+        for i, msg in enumerate(msgs):
+            if self._pending is not None:
+                # A full batch failed to write mid-call: rewind the rest so that nothing is skipped.
+                self._rewind(msgs[i:])
+                break
+            if self._handle_error(msg):
+                continue
+            self._add(msg)
+            taken += 1
+            if self._batch is not None and self._batch.rows >= self.settings.sink_batch_rows:
+                full, self._batch = self._batch, None
+                self._write(full)
+        batch = self._batch
+        if batch is not None and (batch.rows >= self.settings.sink_batch_rows or
+                                  self.clock.monotonic() - batch.started_at >= self.settings.sink_batch_s):
+            self._batch = None
+            self._write(batch)
+        return taken
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: rows written per table, messages, batches, dead letters, retries, last commit."""
+        with self._lock:
+            return {"rows": dict(self._rows), "counts": dict(self._counts),
+                    "batches": self._counts["batches"], "messages": self._counts["messages"],
+                    "dead_letters": self.dead_letters.total(), "dead_letter_reasons": self.dead_letters.snapshot(),
+                    "store_errors": self._counts["store_errors"], "pending_retry": self._pending is not None,
+                    "last_commit": dict(self._last_commit)}
+
+    def close(self) -> None:
+        """Write the open batch (one attempt; uncommitted if it fails), flush dead letters and leave the
+        group. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        batch = self._pending or self._batch
+        self._pending = self._batch = None
+        if batch is not None and batch.messages:
+            self._write(batch, once=True)
+        try:
+            left = self._producer.flush(self.settings.flush_timeout_s)
+            if left:
+                log.error("sink: %d dead letters not delivered on close", left)
+            if hasattr(self._producer, "close"):
+                self._producer.close()
+        except Exception:
+            log.exception("sink: flushing dead letters on close failed")
+        try:
+            self._consumer.close()
+        except Exception:
+            log.exception("sink: closing the consumer failed")
+
+    # Consuming ----------------------------------------------------------------------------------
+    def _handle_error(self, msg: Any) -> bool:
+        err = msg.error()
+        if err is None:
+            return False
+        from confluent_kafka import KafkaError, KafkaException
+
+        if err.code() == KafkaError._PARTITION_EOF:
+            return True
+        if err.fatal():
+            raise KafkaException(err)
+        self._count("consumer_errors")
+        log.warning("sink: consumer error: %s", err)
+        return True
+
+    def _add(self, msg: Any) -> None:
+        if self._batch is None:
+            self._batch = Batch(started_at=self.clock.monotonic())
+        batch = self._batch
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        batch.messages += 1
+        batch.offsets[(topic, partition)] = max(batch.offsets.get((topic, partition), 0), offset + 1)
+        value = msg.value()
+        try:
+            self._convert(self._kind_by_name.get(topic), value, batch)
+        except InvalidMessage as e:
+            self._dead_letter(topic, partition, offset, e.reason, e.detail, value)
+            batch.dead_letters += 1
+
+    def _convert(self, topic: Topic | None, value: bytes | None, batch: Batch) -> None:
+        if topic is Topic.ALERTS:
+            try:
+                alert = Alert.from_json(value or b"")
+            except Exception as e:
+                raise InvalidMessage("bad_alert", str(e)) from None
+            row, event = alert_rows(alert)
+            self._add_row(batch, "alerts", row)
+            self._add_row(batch, "alert_events", event)
+            return
+        if topic is Topic.DEADLETTER:
+            try:
+                dl = DeadLetter.from_json(value or b"")
+            except Exception as e:
+                raise InvalidMessage("bad_deadletter", f"{type(e).__name__}: {e}") from None
+            self._add_row(batch, "deadletters", deadletter_row(dl))
+            return
+        try:
+            env = decode(value)
+        except WireError as e:
+            raise InvalidMessage(e.reason, e.detail) from None
+        _int(env.rank, "rank", _I32)
+        _int(env.pid, "pid", _I32)
+        _int(env.sent_ns, "sent_ns")
+        _int(env.seq, "seq")
+        kind = env.kind
+        if kind not in STORED_KINDS:
+            self._count(f"skipped:{kind}")
+            return
+        if kind == "steps":
+            cols = batch.table("steps")
+            before = cols.rows
+            last = steps_columns(env, cols)
+            batch.rows += cols.rows - before
+            if last >= 0:
+                self._observe(batch, env, {"last_step": last})
+        elif kind == "heartbeat":
+            row = heartbeat_row(env)
+            b = env.body
+            self._add_row(batch, "heartbeats", row)
+            self._observe(batch, env, {"last_step": row["step"],
+                                       "world_size": _int(b["world_size"], "heartbeat.world_size", _I32),
+                                       "local_rank": _int(b["local_rank"], "heartbeat.local_rank", _I32)})
+        elif kind == "exit":
+            b = env.body
+            self._observe(batch, env, {"last_step": _int(b["step"], "exit.step"), "exit_reason": b["reason"],
+                                       "exit_detail": b["detail"]})
+        elif kind == "stats":
+            for row in stats_rows(env):
+                self._add_row(batch, "worker_stats", row)
+        elif kind == "hw":
+            cols = batch.table("hw_samples")
+            before = cols.rows
+            hw_columns(env, cols)
+            batch.rows += cols.rows - before
+
+    def _add_row(self, batch: Batch, table: str, row: dict[str, Any]) -> None:
+        batch.table(table).add_row(**row)
+        batch.rows += 1
+
+    def _observe(self, batch: Batch, env: Envelope, upd: dict[str, Any]) -> None:
+        key = (env.job, env.rank)
+        state = self._ranks.get(key)
+        if state is None:
+            state = self._ranks[key] = _new_rank(env.job, env.rank)
+        upd = {"host": env.host, "pid": env.pid, "last_seen_ns": env.sent_ns, **upd}
+        merge_rank(state, upd)
+        job = self._jobs.get(env.job)
+        if job is None:
+            job = self._jobs[env.job] = {"job": env.job, "world_size": -1, "first_seen_ns": 0, "last_seen_ns": 0}
+        merge_job(job, {"world_size": upd.get("world_size", -1), "last_seen_ns": env.sent_ns})
+        batch.ranks.add(key)
+        batch.jobs.add(env.job)
+
+    def _dead_letter(self, topic: str, partition: int, offset: int, reason: str, detail: str,
+                     payload: bytes | None) -> None:
+        self.dead_letters.add(STAGE, reason)
+        dl = DeadLetter.make(ts_ns=self.clock.wall_ns(), source_topic=topic, partition=partition, offset=offset,
+                             stage=STAGE, reason=reason, detail=detail, payload=payload)
+        log.debug("sink: dead letter %s[%d]@%d: %s %s", topic, partition, offset, reason, detail)
+        while True:
+            try:
+                self._producer.produce(self._deadletter_topic, key=topic.encode(), value=dl.to_json(),
+                                       on_delivery=self._on_dlq_delivery)
+                break
+            except BufferError:   # local queue full: serve delivery reports and try again
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+    def _on_dlq_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._dlq_failures += 1
+            log.error("sink: dead letter not delivered: %s", err)
+
+    # Writing ------------------------------------------------------------------------------------
+    def _write(self, batch: Batch, once: bool = False) -> bool:
+        """Insert every table of ``batch``, then commit its offsets. On failure keep it as pending."""
+        batch.attempts += 1
+        try:
+            self._insert(batch)
+            self._flush_dead_letters()
+        except StoreError as e:
+            self._count("store_errors")
+            if once:
+                log.error("sink: batch of %d messages not written (%s); left uncommitted", batch.messages, e)
+                return False
+            delay = self.retry.delay(batch.attempts)
+            log.error("sink: write attempt %d of a batch of %d rows failed, retrying in %.2fs: %s",
+                      batch.attempts, batch.rows, delay, e)
+            self._pending = batch
+            self._retry_at = self.clock.monotonic() + delay
+            self._pause()
+            return False
+        self._pending = None
+        self._resume()
+        self._commit(batch)
+        return True
+
+    def _insert(self, batch: Batch) -> None:
+        if batch.jobs - self._hydrated:
+            self._hydrate(sorted(batch.jobs - self._hydrated))
+        for table in TABLE_ORDER:
+            if table in batch.done:
+                continue
+            if table == "ranks":
+                rows = [self._ranks[k] for k in sorted(batch.ranks)]
+                columns = {c: [r[c] for r in rows] for c in RANK_COLUMNS}
+            elif table == "jobs":
+                rows = [self._jobs[j] for j in sorted(batch.jobs)]
+                columns = {c: [r[c] for r in rows] for c in JOB_COLUMNS}
+            elif table in batch.tables:
+                columns = batch.tables[table].data
+            else:
+                continue
+            n = self.store.insert_columns(table, columns)
+            batch.done.add(table)
+            with self._lock:
+                self._rows[table] += n
+
+    def _hydrate(self, jobs: list[str]) -> None:
+        """Merge what the store already knows about these jobs into the in-memory state (once per job)."""
+        db = self.store.database
+        params = {"jobs": jobs}
+        for row in self.store.query_rows(
+                f"SELECT {', '.join(RANK_COLUMNS)} FROM {db}.ranks FINAL WHERE job IN {{jobs:Array(String)}}",
+                parameters=params):
+            stored = dict(zip(RANK_COLUMNS, row, strict=True))
+            key = (stored["job"], stored["rank"])
+            if key in self._ranks:
+                merge_rank(self._ranks[key], stored)
+        for row in self.store.query_rows(
+                f"SELECT {', '.join(JOB_COLUMNS)} FROM {db}.jobs FINAL WHERE job IN {{jobs:Array(String)}}",
+                parameters=params):
+            stored = dict(zip(JOB_COLUMNS, row, strict=True))
+            if stored["job"] in self._jobs:
+                merge_job(self._jobs[stored["job"]], stored)
+        self._hydrated.update(jobs)
+
+    def _flush_dead_letters(self) -> None:
+        left = self._producer.flush(self.settings.flush_timeout_s)
+        if left:
+            raise StoreError(f"{left} dead letters not yet delivered to {self._deadletter_topic}")
+
+    def _commit(self, batch: Batch) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        self._count("batches")
+        self._count("messages", batch.messages)
+        if not batch.offsets:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in sorted(batch.offsets.items())]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as e:
+            # The rows are in the store; a later commit covers these offsets, or a re-read re-inserts
+            # the same rows (idempotent).
+            self._count("commit_errors")
+            log.warning("sink: commit failed (rows are written; may be re-read): %s", e)
+            return
+        with self._lock:
+            self._last_commit = {"ts_ns": self.clock.wall_ns(),
+                                 "offsets": {f"{t}[{p}]": o for (t, p), o in sorted(batch.offsets.items())}}
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
+
+    # Back-pressure and rebalancing ----------------------------------------------------------------
+    def _pause(self) -> None:
+        if not self._paused:
+            self._consumer.pause(self._consumer.assignment())
+            self._paused = True
+
+    def _resume(self) -> None:
+        if self._paused:
+            self._consumer.resume(self._consumer.assignment())
+            self._paused = False
+
+    def _keep_alive(self, timeout_s: float) -> None:
+        """Serve the group protocol while paused. A message delivered anyway is rewound, not lost."""
+        wait = max(0.0, min(timeout_s, self._retry_at - self.clock.monotonic()))
+        msg = self._consumer.poll(wait)
+        if msg is not None and msg.error() is None:
+            from confluent_kafka import TopicPartition
+
+            self._consumer.seek(TopicPartition(msg.topic(), msg.partition(), msg.offset()))
+
+    def _rewind(self, msgs: list[Any]) -> None:
+        from confluent_kafka import TopicPartition
+
+        first: dict[tuple[str, int], int] = {}
+        for m in msgs:
+            if m.error() is None:
+                key = (m.topic(), m.partition())
+                first[key] = min(first.get(key, m.offset()), m.offset())
+        for (topic, partition), offset in first.items():
+            self._consumer.seek(TopicPartition(topic, partition, offset))
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        log.info("sink: assigned %s", [(p.topic, p.partition) for p in partitions])
+        if self._paused and partitions:
+            consumer.pause(partitions)
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        log.info("sink: revoked %s", [(p.topic, p.partition) for p in partitions])
+        batch = self._pending or self._batch
+        self._pending = self._batch = None
+        if batch is not None and batch.messages:
+            self._write(batch, once=True)   # dropped uncommitted if it fails; the next owner re-reads it
+        self._pending = None
+        if self._paused:
+            self._paused = False
+            try:
+                consumer.resume(partitions)
+            except Exception:
+                pass

@@ -1,0 +1,180 @@
+"""Offline function-level report over Kineto trace files (``rankscope analyze``).
+
+:func:`analyze_traces` is pure (loaded traces in, JSON-able dict out); :func:`analyze_paths` adds
+the file reading; :func:`render_markdown` turns a report into text. Times are in µs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from stream_processors.analysis import breakdown as bd
+from stream_processors.analysis.kineto import Trace, concat_events, load_traces
+
+__all__ = ["REPORT_SCHEMA", "analyze_paths", "analyze_traces", "render_markdown"]
+
+REPORT_SCHEMA = "rankscope.analyze/1"
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return [_plain(r) for r in df.to_dict("records")]
+
+
+def _departures(df: pd.DataFrame, hta_compatible: bool) -> dict[str, Any]:
+    """What the default convention counts differently from HTA on these traces."""
+    if hta_compatible:
+        return {}
+    gpu = bd.gpu_work(df, False)
+    hta_types = bd.classify_kernels(gpu, hta_compatible=True)
+    extra = (gpu["kernel_type"] == bd.COMMUNICATION) & (hta_types != bd.COMMUNICATION)
+    steps = df.loc[df["step"] >= 0, ["rank", "step"]].drop_duplicates()
+    n_steps = steps.groupby("rank")["step"].nunique()
+    return {
+        "communication_kernels_not_nccl": int(extra.sum()),
+        "communication_time_not_nccl_us": float(gpu.loc[extra, "dur_ns"].sum() / 1000),
+        "last_step_kept": bool((n_steps > 1).any()),
+        "gpu_events_without_host_launch_kept": int(_unlaunched(df, gpu)),
+    }
+
+
+def _unlaunched(df: pd.DataFrame, gpu: pd.DataFrame) -> int:
+    host = df.loc[(df["stream"] < 0) & (df["correlation"] >= 0), ["rank", "correlation"]]
+    keys = pd.MultiIndex.from_frame(host)
+    mine = pd.MultiIndex.from_frame(gpu[["rank", "correlation"]])
+    return int((~mine.isin(keys)).sum())
+
+
+def analyze_traces(traces: Mapping[int, Trace], hta_compatible: bool = False, top_k: int = 10) -> dict[str, Any]:
+    """Report over loaded traces: per-rank temporal breakdown, comm/compute overlap, kernel type
+    breakdown (all ranks and per rank), top kernels, idle time breakdown, the convention used and
+    the files read. Pure; the result is JSON-serialisable (NaN becomes None)."""
+    if not traces:
+        raise ValueError("no traces to analyze")
+    df = concat_events(traces)
+    conv = bd.convention(hta_compatible)
+    files = [
+        {
+            "path": t.path,
+            "rank": t.rank,
+            "rank_source": t.rank_source,
+            "time_unit": t.time_unit,
+            "events": len(t.events),
+            "steps": t.steps,
+            "device": t.device_name,
+            "world_size": t.world_size,
+            "skipped_events": int(t.stats.get("skipped_events", 0)),
+        }
+        for t in (traces[r] for r in sorted(traces))
+    ]
+    report: dict[str, Any] = {
+        "schema": REPORT_SCHEMA,
+        "convention": conv.as_dict(),
+        "files": files,
+        "ranks": sorted(int(r) for r in traces),
+        "temporal_breakdown": _records(bd.temporal_breakdown(df, hta_compatible)),
+        "comm_comp_overlap": _records(bd.comm_comp_overlap(df, hta_compatible)),
+        "kernel_type_breakdown": _records(bd.kernel_type_breakdown(df, hta_compatible)),
+        "kernel_type_breakdown_by_rank": _records(bd.kernel_type_breakdown(df, hta_compatible, by_rank=True)),
+        "top_kernels": _records(bd.kernel_breakdown_top(df, top_k, hta_compatible)),
+        "idle_time_breakdown": _records(bd.idle_time_breakdown(df, hta_compatible)),
+        "departures_from_hta": _plain(_departures(df, hta_compatible)),
+    }
+    return report
+
+
+def analyze_paths(
+    paths: str | Path | Iterable[str | Path], hta_compatible: bool = False, top_k: int = 10
+) -> dict[str, Any]:
+    """Load trace files or folders (see :func:`kineto.load_traces`) and return
+    :func:`analyze_traces`'s report. Blocking. Raises ValueError naming the file on bad input."""
+    return analyze_traces(load_traces(paths), hta_compatible=hta_compatible, top_k=top_k)
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:,.2f}" if abs(v) < 1e15 else f"{v:.4g}"
+    return str(v).replace("|", "\\|")
+
+
+def _table(rows: list[dict[str, Any]], cols: list[str], headers: list[str] | None = None,
+           width: dict[str, int] | None = None) -> str:
+    if not rows:
+        return "_none_\n"
+    width = width or {}
+    out = ["| " + " | ".join(headers or cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            s = _fmt(r.get(c))
+            w = width.get(c)
+            if w and len(s) > w:
+                s = s[: w - 1] + "…"
+            cells.append(s)
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """A human-readable Markdown page for a report from :func:`analyze_traces`."""
+    conv = report["convention"]
+    parts = ["# rankscope analyze: GPU time breakdown\n"]
+    parts.append(f"Convention: **{conv['name']}** (hta_compatible={conv['hta_compatible']})\n")
+    parts += [f"- {rule}" for rule in conv["rules"]]
+    dep = report.get("departures_from_hta") or {}
+    if dep:
+        parts.append(
+            f"\nDepartures from HTA on these traces: last step kept: {dep['last_step_kept']}; "
+            f"GPU events without a recorded host launch kept: {dep['gpu_events_without_host_launch_kept']}; "
+            f"non-NCCL communication kernels: {dep['communication_kernels_not_nccl']} "
+            f"({_fmt(dep['communication_time_not_nccl_us'])} µs). "
+            "Run with --hta-compatible to reproduce HTA's numbers."
+        )
+    parts.append("\n## Files\n")
+    files = [dict(f, steps=", ".join(str(s) for s in f["steps"])) for f in report["files"]]
+    parts.append(_table(files, ["rank", "path", "rank_source", "device", "events", "steps", "time_unit"]))
+    parts.append("\n## Temporal breakdown per rank (µs)\n")
+    parts.append(_table(
+        report["temporal_breakdown"],
+        ["rank", "kernel_time(us)", "idle_time(us)", "compute_time(us)", "non_compute_time(us)",
+         "idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg"],
+        ["rank", "GPU span", "idle", "compute", "non-compute", "idle %", "compute %", "non-compute %"],
+    ))
+    parts.append("\n## Communication overlapped by computation\n")
+    parts.append(_table(report["comm_comp_overlap"],
+                        ["rank", "comm_time(us)", "overlap_time(us)", "comp_comm_overlap_pctg"],
+                        ["rank", "communication (µs)", "overlapped (µs)", "overlap %"]))
+    parts.append("\n## Kernel type breakdown, all ranks (µs)\n")
+    parts.append(_table(report["kernel_type_breakdown"], ["kernel_type", "sum", "percentage"],
+                        ["kernel type", "time (µs)", "%"]))
+    parts.append("\n## Top kernels per rank (µs)\n")
+    top = sorted(report["top_kernels"], key=lambda r: (r["rank"], r["kernel_type"], -(r["sum (us)"] or 0)))
+    parts.append(_table(top, ["rank", "kernel_type", "name", "sum (us)", "mean (us)", "max (us)", "min (us)"],
+                        ["rank", "type", "kernel", "total", "mean", "max", "min"], width={"name": 90}))
+    parts.append("\n## Idle time per stream (µs)\n")
+    parts.append(_table(report["idle_time_breakdown"],
+                        ["rank", "stream", "idle_category", "idle_time(us)", "idle_time_ratio"],
+                        ["rank", "stream", "category", "idle (µs)", "share"]))
+    return "\n".join(parts)

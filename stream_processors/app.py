@@ -1,0 +1,155 @@
+"""The faust-streaming worker: progress agent, hang/death/slow-rank scanner, stats and dead letters.
+
+- ``progress`` agent (concurrency 1) consumes the steps topic (key = job, so one worker sees all
+  ranks of a job), folds each message into that job's :class:`JobMonitor` and checkpoints it into
+  the ``job-monitors`` table (changelogged, so a restarted worker recovers it). Each event is
+  wrapped: undecodable input becomes a dead letter with its reason and a counter; the agent
+  never dies on bad input.
+- ``scan`` timer (every scan_interval_s) evaluates the rules for the jobs of this worker's
+  partitions, publishes alert changes (JSON) on the alerts topic and rolling per-rank stats on
+  the stats topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+import faust
+
+from rankscope.clock import SYSTEM_CLOCK, Clock
+from rankscope.config import Settings
+from rankscope.deadletter import DeadLetter, DeadLetterCounter
+from rankscope.topics import Topic
+from rankscope.wire import Envelope, WireError, decode, encode
+from stream_processors.monitor import JobMonitor
+
+log = logging.getLogger("rankscope.processors")
+
+CHECKPOINT_EVERY_S = 1.0
+
+
+def app_id(settings: Settings) -> str:
+    suffix = settings.topic_prefix.strip(".").replace(".", "-")
+    return f"{settings.processors_app_id}-{suffix}" if suffix else settings.processors_app_id
+
+
+def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
+    app = faust.App(
+        app_id(settings),
+        broker=f"kafka://{settings.bootstrap}",
+        store="memory://",
+        topic_partitions=settings.topic_partitions,
+        topic_replication_factor=1,
+        topic_allow_declare=True,
+        broker_session_timeout=6,
+        broker_heartbeat_interval=1,
+        consumer_auto_offset_reset="earliest",
+        web_enabled=False,
+        autodiscover=False,
+        datadir=os.path.join(settings.data_dir, "faust"),
+        producer_linger_ms=5,
+    )
+    raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+    steps_topic = app.topic(Topic.STEPS.name_for(settings), partitions=settings.topic_partitions, **raw)
+    alerts_topic = app.topic(Topic.ALERTS.name_for(settings), partitions=settings.topic_partitions, **raw)
+    stats_topic = app.topic(Topic.STATS.name_for(settings), partitions=settings.topic_partitions, **raw)
+    dead_topic = app.topic(Topic.DEADLETTER.name_for(settings), partitions=settings.topic_partitions, **raw)
+    table = app.Table("job-monitors", default=None, partitions=settings.topic_partitions,
+                      schema=faust.Schema(key_type=bytes, key_serializer="raw", value_serializer="json"))
+    monitors: dict[str, JobMonitor] = {}
+    checkpointed: dict[str, float] = {}
+    counter = DeadLetterCounter()
+    seq = [0]
+    host, pid = socket.gethostname(), os.getpid()
+    app.rankscope_deadletters = counter  # type: ignore[attr-defined]
+    app.rankscope_monitors = monitors  # type: ignore[attr-defined]
+
+    def monitor_for(job: str) -> JobMonitor:
+        mon = monitors.get(job)
+        if mon is None:
+            saved = table.get(job.encode())
+            mon = JobMonitor.from_dict(saved) if saved else JobMonitor(job=job)
+            monitors[job] = mon
+        return mon
+
+    @app.agent(steps_topic, concurrency=1)
+    async def progress(stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            try:
+                env = decode(event.value)
+            except WireError as e:
+                counter.add("processors", e.reason)
+                dl = DeadLetter.make(ts_ns=clock.wall_ns(), source_topic=msg.topic, partition=msg.partition,
+                                     offset=msg.offset, stage="processors", reason=e.reason, detail=str(e),
+                                     payload=event.value if isinstance(event.value, bytes) else None)
+                await dead_topic.send(key=msg.topic.encode(), value=dl.to_json())
+                continue
+            except Exception as e:  # never let one event kill the agent
+                counter.add("processors", "internal")
+                log.exception("unexpected error decoding event: %s", e)
+                continue
+            try:
+                mon = monitor_for(env.job)
+                mon.apply(env, clock.wall_ns() / 1e9, settings)
+                now = clock.monotonic()
+                if now - checkpointed.get(env.job, 0.0) >= CHECKPOINT_EVERY_S:
+                    checkpointed[env.job] = now
+                    table[env.job.encode()] = mon.to_dict()
+            except Exception as e:
+                counter.add("processors", "apply_failed")
+                log.exception("failed to apply %s from %s/%s: %s", env.kind, env.job, env.rank, e)
+
+    @app.timer(interval=settings.scan_interval_s)
+    async def scan() -> None:
+        now_s = clock.wall_ns() / 1e9
+        for key in list(table.keys()):
+            job = key.decode() if isinstance(key, bytes) else str(key)
+            mon = monitor_for(job)
+            try:
+                alerts = mon.scan(now_s, settings)
+            except Exception as e:
+                log.exception("scan of job %s failed: %s", job, e)
+                continue
+            for alert in alerts:
+                log.warning("alert %s %s: %s", alert.status, alert.kind, alert.summary)
+                await alerts_topic.send(key=job.encode(), value=alert.to_json())
+            if mon.steps_since_stats or alerts:
+                mon.steps_since_stats = 0
+                seq[0] += 1
+                await stats_topic.send(key=job.encode(), value=stats_message(mon, now_s, settings, host, pid, seq[0]))
+
+    return app
+
+
+def stats_message(mon: JobMonitor, now_s: float, settings: Settings, host: str, pid: int, seq: int) -> bytes:
+    import statistics
+
+    states = mon.rank_states(now_s, settings)
+    rows = []
+    ts_ns = int(now_s * 1e9)
+    for r, st in sorted(mon.ranks.items()):
+        durs = sorted(st.durations)
+        rows.append({
+            "rank": r, "ts_ns": ts_ns, "step": st.last_step, "window_steps": len(durs),
+            "median_step_ns": int(statistics.median(durs)) if durs else 0,
+            "p95_step_ns": int(durs[min(len(durs) - 1, int(0.95 * len(durs)))]) if durs else 0,
+            "median_busy_ns": int(statistics.median(st.busy)) if st.busy else 0,
+            "median_comm_ns": int(statistics.median(st.comm)) if st.comm else 0,
+            "busy_z": round(st.busy_z, 3), "state": states.get(r, "running"),
+        })
+    env = Envelope(kind="stats", job=mon.job, rank=-1, host=host, pid=pid, seq=seq, sent_ns=time.time_ns(),
+                   body={"ranks": rows})
+    return encode(env)
+
+
+def run_worker(settings: Settings, loglevel: str = "WARNING") -> None:
+    """Run the faust worker in this process until SIGTERM/SIGINT (blocks)."""
+    from faust.worker import Worker
+
+    app = build_app(settings)
+    Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()

@@ -1,0 +1,84 @@
+"""Headless Chromium for dashboard tests (a helper module, not a test).
+
+Playwright drives Debian's ``/usr/bin/chromium`` (``playwright install`` cannot download browsers
+here). Streamlit fills the page over a websocket after load, so wait for text, never for a fixed
+delay. A missing browser raises, so browser tests fail rather than skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+CHROMIUM = os.environ.get("RANKSCOPE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+
+
+@contextmanager
+def launch_browser(width: int = 1440, height: int = 1000) -> Iterator[Any]:
+    """Yield a Playwright ``Page`` in a fresh headless Chromium; closes everything on exit.
+
+    Raises FileNotFoundError when Chromium is missing (tests must fail, not skip).
+    """
+    if not Path(CHROMIUM).exists():
+        raise FileNotFoundError(f"Chromium not found at {CHROMIUM}: apt-get install -y chromium "
+                                "(or set RANKSCOPE_CHROMIUM)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": width, "height": height})
+            page = context.new_page()
+            yield page
+        finally:
+            browser.close()
+
+
+def wait_for_text(page: Any, text: str | re.Pattern[str], timeout_s: float = 30.0) -> Any:
+    """Wait until a visible element shows ``text`` (substring or regex); return its locator.
+
+    Raises AssertionError naming the text, the URL and how long it waited.
+    """
+    from playwright.sync_api import TimeoutError as PwTimeout
+
+    loc = page.get_by_text(text).first
+    t0 = time.monotonic()
+    try:
+        loc.wait_for(state="visible", timeout=timeout_s * 1000)
+    except PwTimeout:
+        raise AssertionError(f"text {text!r} not visible on {page.url} after {time.monotonic() - t0:.1f} s"
+                             ) from None
+    return loc
+
+
+def screenshot(page: Any, name: str, full_page: bool = True) -> Path:
+    """Save a PNG of the page under tests/artifacts/<name>.png and return its path.
+
+    Streamlit scrolls inside its ``stMain`` element, not the document, so a full-page capture
+    first grows the viewport to the content height, then restores it.
+    """
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    size = page.viewport_size
+    tall = None
+    if full_page and size:
+        tall = page.evaluate(
+            "() => { const m = document.querySelector('[data-testid=\"stMain\"]');"
+            " return m ? m.scrollHeight : document.documentElement.scrollHeight; }")
+    if tall and tall > size["height"]:
+        page.set_viewport_size({"width": size["width"], "height": min(int(tall), 12000)})
+        page.wait_for_timeout(700)  # let charts re-layout
+    try:
+        page.screenshot(path=str(path), full_page=full_page)
+    finally:
+        if tall and size and tall > size["height"]:
+            page.set_viewport_size(size)
+    return path

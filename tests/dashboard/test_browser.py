@@ -1,0 +1,112 @@
+"""The dashboard in a real browser: a Streamlit server process, headless Chromium, screenshots.
+
+chDB lets one process open a data directory, so a subprocess fills the store and exits before the
+server opens it. Screenshots land in tests/artifacts/. Fails (never skips) without Chromium.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import sample_data as sd
+from browser import launch_browser, screenshot, wait_for_text
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"streamlit exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"streamlit not healthy after {START_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("browser")
+    dsn = f"chdb://{tmp / 'clickhouse'}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, str(Path(sd.__file__)), dsn], env=env, cwd=ROOT, check=True,
+                   timeout=120, capture_output=True)
+    port = _free_port()
+    log = tmp / "streamlit.log"
+    env.update({"RANKSCOPE_CLICKHOUSE_DSN": dsn, "RANKSCOPE_DATA_DIR": str(tmp),
+                # The sample ranks stop heartbeating once written; keep them alive for the test.
+                "RANKSCOPE_DEAD_AFTER_S": "3600"})
+    cmd = [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.port", str(port),
+           "--server.address", "127.0.0.1", "--server.headless", "true",
+           "--browser.gatherUsageStats", "false"]
+    t0 = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log)
+        print(f"streamlit healthy after {time.monotonic() - t0:.1f} s")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def test_fleet_to_job_to_alerts(server):
+    t0 = time.monotonic()
+    with launch_browser() as page:
+        page.goto(server + "/")
+        wait_for_text(page, "Fleet overview", 60)
+        link = page.get_by_role("link", name=re.compile(re.escape(sd.HANG_JOB)))
+        link.first.wait_for(state="visible", timeout=30_000)
+        wait_for_text(page, "Last updated")  # the live panel has rendered (tables are canvas)
+        print(f"fleet page ready after {time.monotonic() - t0:.1f} s")
+        screenshot(page, "dashboard_fleet")
+
+        link.first.click()
+        page.wait_for_url(re.compile(rf"/job\?job={re.escape(sd.HANG_JOB)}"), timeout=30_000)
+        wait_for_text(page, sd.HANG_FUNCTION)
+        wait_for_text(page, "Slow rank 1")
+        table = page.locator("[data-testid='stTable']").first
+        table.wait_for(state="visible", timeout=30_000)
+        cells = table.inner_text()
+        for word in ("slow", "hung", "running", "node-a", "node-b"):
+            assert word in cells, f"{word!r} not in ranks table: {cells!r}"
+        summary = page.get_by_text(re.compile(r"rank 3 .*slow.*rank 1")).first
+        assert summary.is_visible()
+        print(f"job page ready after {time.monotonic() - t0:.1f} s")
+        screenshot(page, "dashboard_job")
+
+        page.get_by_role("link", name="Alerts").first.click()
+        wait_for_text(page, "Open incidents")
+        wait_for_text(page, sd.HANG_FUNCTION)
+        wait_for_text(page, f"Open job {sd.HANG_JOB}")
+        print(f"alerts page ready after {time.monotonic() - t0:.1f} s")
+        screenshot(page, "dashboard_alerts")

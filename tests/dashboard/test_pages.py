@@ -1,0 +1,339 @@
+"""Dashboard tests against a real embedded store (chDB) filled with sample_data.
+
+Unit tests of dashboard/queries.py, then one AppTest smoke test per page. chDB opens one data
+directory per process at a time, so the whole module shares one store and closes it at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import sample_data as sd
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from dashboard import queries as q
+from dashboard import ui
+from storage.store import Store, StoreLocked, apply_schema, close_store, open_store
+
+pytestmark = pytest.mark.clickhouse
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
+S = sd.S
+
+
+@pytest.fixture(scope="module")
+def populated(tmp_path_factory: pytest.TempPathFactory):
+    dsn = f"chdb://{tmp_path_factory.mktemp('dash') / 'clickhouse'}"
+    store = open_store(dsn)
+    now = sd.populate(store)
+    yield store, now
+    ui._store.clear()
+    close_store(dsn)
+
+
+@pytest.fixture
+def store(populated) -> Store:
+    return populated[0]
+
+
+@pytest.fixture
+def now(populated) -> int:
+    return populated[1]
+
+
+@pytest.fixture(scope="module")
+def empty_store(populated) -> Store:
+    """A second database in the same engine, with the schema and no rows."""
+    s = Store(populated[0]._client, populated[0].dsn, database="rankscope_empty")
+    apply_schema(s)
+    return s
+
+
+# queries.py ---------------------------------------------------------------------------------------
+
+def test_jobs_lists_both_jobs_open_alerts_first(store, now):
+    df = q.jobs(store, now_ns=now)
+    assert list(df.columns) == q.JOBS_COLUMNS
+    assert list(df["job"]) == [sd.HANG_JOB, sd.OK_JOB]
+    row = df.set_index("job")
+    assert row.loc[sd.HANG_JOB, "world_size"] == 4 and row.loc[sd.HANG_JOB, "ranks_seen"] == 4
+    assert row.loc[sd.HANG_JOB, "last_step"] == 58
+    assert row.loc[sd.HANG_JOB, "open_alerts"] == 2 and row.loc[sd.OK_JOB, "open_alerts"] == 0
+    assert row.loc[sd.OK_JOB, "alerts_total"] == 1
+    assert row.loc[sd.OK_JOB, "last_seen_age_s"] == pytest.approx(0.5)
+
+
+def test_ranks_states_from_alerts_and_stats(store, now):
+    df = q.ranks(store, sd.HANG_JOB, now_ns=now)
+    assert list(df.columns) == q.RANKS_COLUMNS
+    assert dict(zip(df["rank"], df["state"], strict=True)) == {0: "running", 1: "slow", 2: "running", 3: "hung"}
+    r = df.set_index("rank")
+    assert r.loc[1, "median_busy_ms"] == pytest.approx(92.0, abs=1.5)
+    assert r.loc[0, "median_busy_ms"] == pytest.approx(40.0, abs=1.5)
+    assert r.loc[0, "median_step_ms"] == pytest.approx(100.0, abs=2)
+    assert r.loc[3, "last_step"] == 57 and r.loc[0, "last_step"] == 58
+    assert r.loc[3, "alerts"] == "hang" and r.loc[1, "alerts"] == "slow_rank"
+    assert r.loc[2, "host"] == "node-b" and r.loc[2, "pid"] == 5200
+
+
+def test_ranks_go_dead_when_heartbeats_stop(store, now):
+    df = q.ranks(store, sd.HANG_JOB, dead_after_s=6.0, now_ns=now + 60 * S)
+    assert set(df["state"]) == {"dead"}
+    assert (df["heartbeat_age_s"] > 59).all()
+
+
+def test_derive_rank_states_priority():
+    rows = pd.DataFrame({
+        "rank": [0, 1, 2, 3, 4, 5],
+        "heartbeat_age_s": [1.0, 1.0, 1.0, 30.0, 1.0, 1.0],
+        "stats_state": ["ok", "", "slow", "", "hung", ""],
+        "exit_reason": ["completed", "", "", "", "", ""],
+        "exit_detail": ["", "", "", "", "", ""],
+    })
+    open_alerts = pd.DataFrame({"kind": ["dead_rank", "slow_rank"], "ranks": [[1], [0, 5]]})
+    df = q.derive_rank_states(rows, open_alerts, dead_after_s=10)
+    assert list(df["state"]) == ["exited", "dead", "slow", "dead", "hung", "slow"]
+    assert df.loc[5, "alerts"] == "slow_rank"
+    assert q.derive_rank_states(rows.iloc[:0], open_alerts).columns.tolist() == q.RANKS_COLUMNS
+    with pytest.raises(ValueError, match="dead_after_s"):
+        q.derive_rank_states(rows, open_alerts, dead_after_s=0)
+
+
+def test_step_times_last_n(store):
+    df = q.step_times(store, sd.HANG_JOB, last_n=5)
+    assert list(df.columns) == q.STEP_COLUMNS
+    assert sorted(df.loc[df["rank"] == 0, "step"]) == [54, 55, 56, 57, 58]
+    assert sorted(df.loc[df["rank"] == 3, "step"]) == [54, 55, 56, 57]
+    assert df.loc[df["rank"] == 1, "busy_ms"].median() > 2 * df.loc[df["rank"] == 0, "busy_ms"].median()
+
+
+def test_step_time_heatmap_bins_steps(store):
+    df = q.step_time_heatmap(store, sd.HANG_JOB, metric="busy_ms", last_n=40, max_cols=4)
+    assert list(df.columns) == ["rank", "step", "busy_ms"]
+    assert sorted(df["step"].unique()) == [10, 20, 30, 40, 50]  # bins of 10 over steps 19..58
+    assert df["rank"].nunique() == 4
+    with pytest.raises(ValueError, match="metric"):
+        q.step_time_heatmap(store, sd.HANG_JOB, metric="duration_ns; DROP TABLE steps")
+
+
+def test_alerts_latest_version_open_first(store, now):
+    df = q.alerts(store, now_ns=now)
+    assert list(df.columns) == q.ALERTS_COLUMNS
+    assert list(df["alert_id"]) == [sd.HANG_ALERT_ID, sd.SLOW_ALERT_ID, sd.OLD_ALERT_ID]
+    hang = df.iloc[0]
+    assert hang["version"] == 2 and hang["status"] == "update" and hang["open"]
+    assert hang["ranks"] == [3] and hang["step"] == 57
+    assert hang["duration_s"] == pytest.approx(25.0)
+    old = df.iloc[2]
+    assert not old["open"] and old["duration_s"] == pytest.approx(100.0)
+    only_open = q.alerts(store, include_resolved=False, now_ns=now)
+    assert sd.OLD_ALERT_ID not in set(only_open["alert_id"])
+    assert set(q.alerts(store, job=sd.OK_JOB)["alert_id"]) == {sd.OLD_ALERT_ID}
+
+
+def test_parameters_are_bound_not_formatted(store):
+    evil = "x' OR 1=1 --"
+    assert q.alerts(store, job=evil).empty
+    assert q.ranks(store, evil).empty
+    assert q.step_times(store, evil).empty
+
+
+def test_stack_groups_from_body(store):
+    df = q.alert_stack_groups(store, sd.HANG_JOB)
+    assert list(df.columns) == q.STACK_COLUMNS
+    assert len(df) == 2
+    culprit = df[df["culprit"]].iloc[0]
+    assert culprit["ranks"] == [3] and culprit["frames"][-1].endswith(sd.HANG_FUNCTION)
+    assert not culprit["waiting_in_collective"]
+    waiting = df[~df["culprit"]].iloc[0]
+    assert waiting["ranks"] == [0, 1, 2] and waiting["waiting_in_collective"]
+
+
+def test_parse_stack_groups_tolerates_bad_bodies():
+    frame = pd.DataFrame({"alert_id": ["a", "b", "c"], "ranks": [[1], [2], [3]],
+                          "body": ["not json", "", json.dumps({"stack_groups": [
+                              {"ranks": [3], "thread": "t", "frames": ["f.py:1 g"]}, "junk"]})]})
+    df = q.parse_stack_groups(frame)
+    assert list(df["alert_id"]) == ["c"] and df.iloc[0]["culprit"]
+
+
+def test_lost_rank_seconds(store, now):
+    df = q.lost_rank_seconds(store, now_ns=now)
+    assert list(df.columns) == q.LOST_COLUMNS
+    by = df.set_index("alert_id")
+    assert by.loc[sd.HANG_ALERT_ID, "estimated"]
+    assert by.loc[sd.HANG_ALERT_ID, "lost_rank_seconds"] == pytest.approx(4 * 25.0)
+    assert by.loc[sd.SLOW_ALERT_ID, "lost_rank_seconds"] == pytest.approx(12.5)
+    assert not by.loc[sd.SLOW_ALERT_ID, "estimated"]
+    assert df.iloc[0]["alert_id"] == sd.HANG_ALERT_ID  # costliest first
+
+
+def test_hosts_with_and_without_gpu_samples(store, now):
+    df = q.hosts(store, now_ns=now)
+    assert list(df.columns) == q.HOSTS_COLUMNS
+    by = df.set_index("host")
+    assert list(by.index) == ["node-a", "node-b", "node-c"]
+    assert by.loc["node-a", "ranks"] == 2 and by.loc["node-a", "jobs"] == [sd.HANG_JOB]
+    assert by.loc["node-a", "gpus"] == 2
+    assert by.loc["node-a", "gpu_util_min"] == pytest.approx(35.0)
+    assert by.loc["node-b", "gpu_util_min"] > 90
+    later = q.hosts(store, window_s=10, live_within_s=10, now_ns=now + 3600 * S)
+    assert (later["gpus"] == 0).all() and later["gpu_util_mean"].isna().all()
+    assert (later["live_ranks"] == 0).all()
+
+
+def test_gpu_util_series(store, now):
+    df = q.gpu_util_series(store, window_s=120, bucket_s=30, now_ns=now)
+    assert list(df.columns) == q.GPU_UTIL_COLUMNS
+    assert set(df["gpu"]) == {"node-a/0", "node-a/1", "node-b/0", "node-b/1", "node-c/0", "node-c/1"}
+    assert df.loc[df["gpu"] == "node-a/1", "gpu_util"].max() == pytest.approx(35.0)
+
+
+def test_empty_store_gives_empty_frames_with_columns(empty_store):
+    assert list(q.jobs(empty_store).columns) == q.JOBS_COLUMNS
+    assert list(q.ranks(empty_store, "j").columns) == q.RANKS_COLUMNS
+    assert list(q.step_times(empty_store, "j").columns) == q.STEP_COLUMNS
+    assert list(q.alerts(empty_store).columns) == q.ALERTS_COLUMNS
+    assert list(q.alert_stack_groups(empty_store).columns) == q.STACK_COLUMNS
+    assert list(q.lost_rank_seconds(empty_store).columns) == q.LOST_COLUMNS
+    assert list(q.hosts(empty_store).columns) == q.HOSTS_COLUMNS
+    assert list(q.gpu_util_series(empty_store).columns) == q.GPU_UTIL_COLUMNS
+
+
+def test_arguments_validated(store):
+    with pytest.raises(ValueError, match="recent_steps must be > 0"):
+        q.ranks(store, sd.HANG_JOB, recent_steps=0)
+    with pytest.raises(ValueError, match="last_n"):
+        q.step_times(store, sd.HANG_JOB, last_n=-1)
+
+
+# Pages (AppTest) ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def app_env(populated, monkeypatch, tmp_path):
+    monkeypatch.setenv("RANKSCOPE_CLICKHOUSE_DSN", populated[0].dsn)
+    monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(tmp_path))
+    # The sample heartbeats stop when populated; keep ranks alive for the length of the module.
+    monkeypatch.setenv("RANKSCOPE_DEAD_AFTER_S", "3600")
+    st.cache_data.clear()
+    yield
+    st.cache_data.clear()
+
+
+def _page(page: str | None = None, **query: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60)
+    for k, v in query.items():
+        at.query_params[k] = v
+    if page:
+        at.switch_page(page)
+    return at.run()
+
+
+def _text(at: AppTest) -> str:
+    parts = [m.value for m in at.markdown] + [c.value for c in at.code] + [m.value for m in at.caption]
+    parts += [e.value for e in at.info] + [e.value for e in at.warning]
+    parts += [str(m.label) + " " + str(m.value) for m in at.metric]
+    parts += [t.value.to_string() for t in at.table]
+    parts += [str(p.proto.label) for p in at.get("page_link")]
+    return "\n".join(str(p) for p in parts)
+
+
+def test_fleet_page(app_env):
+    at = _page()
+    assert not at.exception, at.exception
+    text = _text(at)
+    assert "Fleet overview" in at.title[0].value
+    assert f"{sd.HANG_JOB} · 2 open alerts" in text and sd.OK_JOB in text
+    assert "Jobs 2" in text and "Hosts 3" in text and "Open alerts 2" in text
+    assert "Last updated" in text
+    assert len(at.dataframe) == 2  # jobs and hosts
+
+
+def test_job_page_shows_states_and_stacks(app_env):
+    at = _page("pages/job.py", job=sd.HANG_JOB)
+    assert not at.exception, at.exception
+    assert at.selectbox[0].value == sd.HANG_JOB
+    ranks = at.table[0].value
+    assert list(ranks["rank"]) == ["0", "1", "2", "3"]
+    states = ranks["state"].str.cat(sep=" ")
+    assert "slow" in states and "hung" in states and "running" in states
+    text = _text(at)
+    assert ":red-badge[hung] rank 3 · :orange-badge[slow] rank 1 · 2 running" in text
+    assert "Slow rank 1" in text and "12.5 rank-seconds" in text
+    assert "rank 3 :red-badge[hung] at step 57" in text
+    assert sd.HANG_FUNCTION in "\n".join(c.value for c in at.code)
+    assert "**ranks 3**" in text and "ranks 0,1,2" in text
+
+
+def test_job_page_large_job_uses_heatmap_and_dataframe(app_env, monkeypatch):
+    monkeypatch.setattr(q, "HEATMAP_MIN_RANKS", 2)  # treat the 4-rank job as a large one
+    at = _page("pages/job.py", job=sd.HANG_JOB)
+    assert not at.exception, at.exception
+    assert not at.table  # the ranks table is a (virtualised) dataframe now
+    ranks = at.dataframe[0].value
+    assert list(ranks["state"]) == ["running", "slow", "running", "hung"]
+    assert ":red-badge[hung] rank 3" in _text(at)
+
+
+def test_job_page_picker_follows_query_param(app_env):
+    at = _page("pages/job.py", job=sd.OK_JOB)
+    assert not at.exception
+    assert at.selectbox[0].value == sd.OK_JOB
+    assert "healthy] all 2 ranks running" in _text(at)
+    at.selectbox[0].select(sd.HANG_JOB).run()
+    assert not at.exception
+    assert at.query_params["job"] == sd.HANG_JOB
+    assert "hung" in at.table[0].value["state"].str.cat()
+
+
+def test_job_page_unknown_job_warns(app_env):
+    at = _page("pages/job.py", job="no-such-job")
+    assert not at.exception
+    assert any("no-such-job" in w.value for w in at.warning)
+    assert at.selectbox[0].value == sd.HANG_JOB
+
+
+def test_alerts_page(app_env):
+    at = _page("pages/alerts.py")
+    assert not at.exception, at.exception
+    text = _text(at)
+    assert "Open 2" in text and "Resolved 1" in text
+    assert sd.HANG_FUNCTION in "\n".join(c.value for c in at.code)
+    assert f"Open job {sd.HANG_JOB}" in text
+    at.toggle[0].set_value(False).run()
+    assert not at.exception
+    assert sd.OLD_ALERT_ID not in at.dataframe[0].value.to_string()
+
+
+def test_empty_store_says_what_to_do(app_env, monkeypatch):
+    monkeypatch.setattr(q, "jobs", lambda store, **kw: pd.DataFrame(columns=q.JOBS_COLUMNS))
+    for page in (None, "pages/job.py"):
+        at = _page(page)
+        assert not at.exception
+        assert any("from rankscope import Tracer" in i.value and "make demo" in i.value for i in at.info)
+    monkeypatch.setattr(q, "alerts", lambda store, **kw: pd.DataFrame(columns=q.ALERTS_COLUMNS))
+    at = _page("pages/alerts.py")
+    assert not at.exception and any("No alerts yet" in i.value for i in at.info)
+
+
+def test_unreachable_store_warns_calmly(app_env, monkeypatch):
+    monkeypatch.setenv("RANKSCOPE_CLICKHOUSE_DSN", "http://127.0.0.1:9")
+    for page in (None, "pages/job.py", "pages/alerts.py"):
+        at = _page(page)
+        assert not at.exception, at.exception
+        assert any("Cannot open the store" in w.value for w in at.warning)
+
+
+def test_locked_store_warns_calmly(app_env, monkeypatch):
+    def locked(dsn: str) -> Store:
+        raise StoreLocked("the embedded store /x is open in another process (chDB allows one)")
+
+    monkeypatch.setattr(ui, "open_store", locked)
+    monkeypatch.setenv("RANKSCOPE_CLICKHOUSE_DSN", "chdb:///locked/elsewhere")
+    at = _page()
+    assert not at.exception, at.exception
+    assert any("busy" in w.value and "another process" in w.value for w in at.warning)

@@ -1,0 +1,121 @@
+"""Detection rules replayed with an injected time (no Kafka)."""
+
+from __future__ import annotations
+
+from rankscope.config import Settings
+from rankscope.wire import Envelope
+from stream_processors.monitor import JobMonitor, group_stacks, slow_ranks, waiting_in_collective
+
+S = Settings(hang_min_s=10, hang_factor=8, dead_after_s=6, straggler_window=20, straggler_min_steps=8,
+             straggler_z=4, straggler_min_rel=0.5, straggler_persist=3)
+STEP_NS = 10_000_000
+HANG_FRAMES = ["train.py:10 <module>", "train.py:40 train", "train.py:20 hang_forever"]
+WAIT_FRAMES = ["train.py:10 <module>", "train.py:42 train",
+               "producers/collectives.py:50 _rankscope_timed_collective",
+               "torch/distributed/c10d_logger.py:81 wrapper"]
+
+
+def env(kind, rank, body, seq=1):
+    return Envelope(kind=kind, job="j", rank=rank, host="h", pid=100 + rank, seq=seq, sent_ns=0, body=body)
+
+
+def steps(rank, first, n, busy_ns, step_ns=STEP_NS):
+    s = list(range(first, first + n))
+    start = [i * step_ns for i in s]
+    return env("steps", rank, {"step": s, "start_ns": start, "end_ns": [a + step_ns for a in start],
+                               "comm_ns": [step_ns - busy_ns] * n})
+
+
+def hb(rank, step, since, stacks=None):
+    return env("heartbeat", rank, {"step": step, "since_step_s": since, "dropped": 0, "world_size": 4,
+                                   "local_rank": rank, "stacks": stacks})
+
+
+def feed_healthy(mon, now, first=0, n=30, slow_rank=None):
+    for r in range(4):
+        mon.apply(steps(r, first, n, 8_000_000 if r == slow_rank else 2_000_000), now, S)
+        mon.apply(hb(r, first + n - 1, 0.0), now, S)
+
+
+def test_healthy_job_raises_nothing():
+    mon = JobMonitor(job="j")
+    alerts = []
+    for i in range(10):
+        feed_healthy(mon, 100.0 + i, first=i * 10, n=10)
+        alerts += mon.scan(100.0 + i, S)
+    assert alerts == []
+    assert set(mon.rank_states(110.0, S).values()) == {"running"}
+
+
+def test_slow_rank_needs_persistence_then_alerts_and_resolves():
+    mon = JobMonitor(job="j")
+    out = []
+    for i in range(6):
+        feed_healthy(mon, 100.0 + i, first=i * 10, n=10, slow_rank=2)
+        out.append(mon.scan(100.0 + i, S))
+    opened = [a for batch in out for a in batch if a.status == "open"]
+    assert len(opened) == 1 and opened[0].kind == "slow_rank" and opened[0].ranks == [2]
+    # not before straggler_persist evaluations with enough steps
+    assert out[0] == [] and out[1] == []
+    assert opened[0].details["baseline_busy_ms"] == 2.0
+    # the slowdown ends: resolved
+    res = []
+    for i in range(6, 12):
+        feed_healthy(mon, 100.0 + i, first=i * 10, n=20)
+        res += mon.scan(100.0 + i, S)
+    assert [a.status for a in res if a.kind == "slow_rank"][-1] == "resolved"
+
+
+def test_hang_names_culprit_by_stack_and_groups_waiters():
+    mon = JobMonitor(job="j")
+    feed_healthy(mon, 100.0, n=30)
+    assert mon.scan(100.0, S) == []
+    for r in range(4):
+        frames = HANG_FRAMES if r == 3 else WAIT_FRAMES
+        mon.apply(hb(r, 29, 12.0, [{"thread": "MainThread", "frames": frames}]), 112.0, S)
+    alerts = mon.scan(112.0, S)
+    assert len(alerts) == 1
+    a = alerts[0]
+    assert a.kind == "hang" and a.status == "open" and a.ranks == [3] and a.step == 29
+    assert "hang_forever" in a.summary
+    groups = {tuple(g.ranks): g for g in a.stack_groups}
+    assert groups[(3,)].waiting_in_collective is False
+    assert groups[(0, 1, 2)].waiting_in_collective is True
+    # same incident: no duplicate alert on the next scan
+    for r in range(4):
+        frames = HANG_FRAMES if r == 3 else WAIT_FRAMES
+        mon.apply(hb(r, 29, 13.0, [{"thread": "MainThread", "frames": frames}]), 113.0, S)
+    assert mon.scan(113.0, S) == []
+    assert mon.rank_states(113.0, S)[3] == "hung"
+    # progress resumes: resolved, same id
+    feed_healthy(mon, 114.0, first=30, n=5)
+    res = mon.scan(114.0, S)
+    assert [(x.kind, x.status, x.alert_id) for x in res] == [("hang", "resolved", a.alert_id)]
+
+
+def test_dead_rank_is_first_silent_and_exit_is_not_death():
+    mon = JobMonitor(job="j")
+    feed_healthy(mon, 100.0, n=30)
+    mon.apply(env("exit", 0, {"step": 29, "reason": "completed", "detail": ""}), 101.0, S)
+    for t in range(101, 110):
+        for r in (1, 2):
+            mon.apply(hb(r, 29, 0.5), float(t), S)
+    alerts = mon.scan(109.0, S)
+    dead = [a for a in alerts if a.kind == "dead_rank"]
+    assert len(dead) == 1 and dead[0].ranks == [3]
+    assert mon.rank_states(109.0, S)[0] == "exited"
+
+
+def test_roundtrip_state_dict():
+    mon = JobMonitor(job="j")
+    feed_healthy(mon, 100.0, n=12, slow_rank=1)
+    mon.scan(100.0, S)
+    again = JobMonitor.from_dict(mon.to_dict())
+    assert again.to_dict() == mon.to_dict()
+
+
+def test_helpers():
+    flagged = slow_ranks({0: 2.0e6, 1: 2.1e6, 2: 8e6, 3: 1.9e6}, 4, 0.5)
+    assert [r for r, (_, f) in flagged.items() if f] == [2]
+    assert waiting_in_collective(WAIT_FRAMES) and not waiting_in_collective(HANG_FRAMES)
+    assert group_stacks([]) == []
