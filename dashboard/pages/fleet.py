@@ -70,7 +70,7 @@ def panel(cfg: Settings) -> None:
             alt.Chart(gpu)
             .mark_rect()
             .encode(
-                x=alt.X("t:T", title=None, axis=alt.Axis(format="%H:%M")),
+                x=alt.X("t:T", title=None, axis=alt.Axis(format="%H:%M:%S", tickCount=8)),
                 y=alt.Y("gpu:N", title="host/GPU", sort="ascending"),
                 color=alt.Color("gpu_util:Q", title="util %", scale=alt.Scale(domain=[0, 100], scheme="viridis")),
                 tooltip=["gpu", alt.Tooltip("t:T", format="%H:%M:%S"), "gpu_util"],

@@ -59,6 +59,24 @@ def wait_for_text(page: Any, text: str | re.Pattern[str], timeout_s: float = 30.
     return loc
 
 
+def wait_for_charts(page: Any, timeout_s: float = 30.0) -> int:
+    """Wait until every Vega-Lite chart on the page has drawn (a sized canvas or svg); return the count.
+
+    Charts draw asynchronously after their element appears, so a capture taken on text alone can
+    show empty chart slots.
+    """
+    page.wait_for_function(
+        """() => {
+            const charts = [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
+                .filter(c => c.offsetParent !== null);
+            return charts.every(c => [...c.querySelectorAll('canvas, svg.marks')]
+                .some(e => e.getBoundingClientRect().height > 20));
+        }""",
+        timeout=timeout_s * 1000,
+    )
+    return page.locator('[data-testid="stVegaLiteChart"]').count()
+
+
 def screenshot(page: Any, name: str, full_page: bool = True) -> Path:
     """Save a PNG of the page under tests/artifacts/<name>.png and return its path.
 

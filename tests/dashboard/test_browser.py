@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import sample_data as sd
-from browser import launch_browser, screenshot, wait_for_text
+from browser import launch_browser, screenshot, wait_for_charts, wait_for_text
 
 pytestmark = pytest.mark.browser
 
@@ -87,6 +87,8 @@ def test_fleet_to_job_to_alerts(server):
         link = page.get_by_role("link", name=re.compile(re.escape(sd.HANG_JOB)))
         link.first.wait_for(state="visible", timeout=30_000)
         wait_for_text(page, "Last updated")  # the live panel has rendered (tables are canvas)
+        wait_for_text(page, "GPU utilisation")
+        assert wait_for_charts(page) >= 1  # the per-GPU heatmap
         print(f"fleet page ready after {time.monotonic() - t0:.1f} s")
         screenshot(page, "dashboard_fleet")
 
@@ -101,6 +103,13 @@ def test_fleet_to_job_to_alerts(server):
             assert word in cells, f"{word!r} not in ranks table: {cells!r}"
         summary = page.get_by_text(re.compile(r"rank 3 .*slow.*rank 1")).first
         assert summary.is_visible()
+        assert wait_for_charts(page) >= 1  # step time per rank
+        caption = page.get_by_text(re.compile(r"^Last updated")).first
+        first = caption.inner_text()
+        page.wait_for_function(  # the live fragment reruns by itself (RANKSCOPE_DASHBOARD_REFRESH_S)
+            "t => [...document.querySelectorAll('[data-testid=\"stCaptionContainer\"]')]"
+            ".some(e => e.innerText.startsWith('Last updated') && e.innerText !== t)", arg=first,
+            timeout=15_000)
         print(f"job page ready after {time.monotonic() - t0:.1f} s")
         screenshot(page, "dashboard_job")
 

@@ -1,0 +1,122 @@
+"""Helpers for end-to-end tests: real processes, real broker, real chDB. Poll with deadlines."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer
+
+from rankscope.alerts import Alert
+from rankscope.config import Settings
+from rankscope.topics import Topic
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
+    env.update(settings.to_env())
+    env.update(extra)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def start_processors(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "rankscope", "processors"], env=child_env(settings),
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def start_job(settings: Settings, job: str, log: Path, *args: str, nproc: int = 4,
+              master_port: int = 0) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(master_port or free_port()),
+           "-m", "rankscope.demo.train", *args]
+    return subprocess.Popen(cmd, env=child_env(settings, RANKSCOPE_JOB_ID=job), cwd=REPO,
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+class TopicReader:
+    """Reads a topic from the beginning, accumulating messages across polls."""
+
+    def __init__(self, settings: Settings, topic: Topic) -> None:
+        self.consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"test-{uuid.uuid4().hex}",
+                                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        self.consumer.subscribe([topic.name_for(settings)])
+        self.values: list[bytes] = []
+
+    def poll(self, seconds: float = 0.5) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            msg = self.consumer.poll(0.1)
+            if msg is not None and not msg.error():
+                self.values.append(msg.value())
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class AlertReader(TopicReader):
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, Topic.ALERTS)
+
+    def alerts(self, job: str | None = None) -> list[Alert]:
+        out = [Alert.from_json(v) for v in self.values]
+        return [a for a in out if job is None or a.job == job]
+
+    def wait_for(self, pred: Callable[[Alert], bool], timeout_s: float, what: str,
+                 on_timeout: Callable[[], str] | None = None) -> Alert:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.poll(0.5)
+            for a in self.alerts():
+                if pred(a):
+                    return a
+        extra = on_timeout() if on_timeout else ""
+        raise AssertionError(f"no alert {what} within {timeout_s}s; got {[a.summary for a in self.alerts()]}\n{extra}")
+
+
+def wait_until(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+
+
+def tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""

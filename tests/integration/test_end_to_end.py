@@ -1,0 +1,136 @@
+"""End to end: real torchrun ranks -> real Kafka -> faust processors -> alerts topic and chDB.
+
+One processors worker and one sink serve the module; every test uses its own job id.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rankscope.admin import ensure_topics
+from rankscope.config import Settings
+from rankscope.topics import Topic
+from rankscope.wire import decode
+from storage.sink import Sink
+from storage.store import Store, close_store, open_store
+from tests.integration.helpers import (
+    AlertReader,
+    TopicReader,
+    start_job,
+    start_processors,
+    stop_process,
+    tail,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.torchrun]
+
+
+@pytest.fixture(scope="module")
+def pipeline(kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, Store, Path]]:
+    """Fresh topics, a processors worker subprocess, and a sink thread writing a chDB store in tmp."""
+    work = tmp_path_factory.mktemp("e2e")
+    settings = kafka_settings.with_overrides(topic_prefix=f"e{uuid.uuid4().hex[:8]}.", data_dir=str(work),
+                                             clickhouse_dsn=f"chdb://{work / 'ch'}", sink_batch_s=0.5)
+    ensure_topics(settings, timeout_s=60)
+    proc_log = work / "processors.log"
+    processors = start_processors(settings, proc_log)
+    store = open_store(settings.store_dsn)
+    sink = Sink(settings, store)
+    stop = threading.Event()
+    sink_thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    sink_thread.start()
+    try:
+        yield settings, store, work
+    finally:
+        stop.set()
+        sink_thread.join(30)
+        stop_process(processors)
+        close_store(settings.store_dsn)
+        print("processors log tail:\n" + tail(proc_log))
+
+
+def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]) -> None:
+    settings, store, work = pipeline
+    job = f"slowhang-{uuid.uuid4().hex[:6]}"
+    log = work / f"{job}.log"
+    reader = AlertReader(settings)
+    proc = start_job(settings, job, log, "--steps", "100000", "--slow-rank", "1", "--slow-factor", "4",
+                     "--hang-rank", "3", "--hang-at-step", "200")
+    try:
+        diag = lambda: "job log:\n" + tail(log) + "\nprocessors log:\n" + tail(work / "processors.log")  # noqa: E731
+        slow = reader.wait_for(lambda a: a.job == job and a.kind == "slow_rank" and a.status in ("open", "update"),
+                               240, "slow_rank", diag)
+        assert slow.ranks == [1], slow.summary
+        hang = reader.wait_for(lambda a: a.job == job and a.kind == "hang" and a.status in ("open", "update"),
+                               240, "hang", diag)
+        assert hang.ranks == [3], hang.summary
+        assert hang.step == 199
+        culprit_groups = [g for g in hang.stack_groups if 3 in g.ranks]
+        assert culprit_groups and any("hang_forever" in f for f in culprit_groups[0].frames)
+        assert not culprit_groups[0].waiting_in_collective
+        waiting = [g for g in hang.stack_groups if 3 not in g.ranks]
+        assert waiting and all(g.waiting_in_collective for g in waiting)
+        assert sorted(r for g in hang.stack_groups for r in g.ranks) == [0, 1, 2, 3]
+    finally:
+        stop_process(proc)
+        reader.close()
+
+    # The same alerts, as stored in ClickHouse by the sink.
+    def stored() -> list[tuple]:
+        return store.query_rows(
+            "SELECT kind, ranks, body FROM rankscope.alerts FINAL WHERE job = {job:String} ORDER BY kind",
+            parameters={"job": job})
+
+    rows = wait_until(lambda: [r for r in stored() if r[0] == "hang"] and [r for r in stored() if r[0] == "slow_rank"],
+                      120, "hang and slow_rank alerts in ClickHouse")
+    rows = stored()
+    by_kind = {r[0]: r for r in rows}
+    assert list(by_kind["hang"][1]) == [3]
+    assert "hang_forever" in by_kind["hang"][2]
+    assert list(by_kind["slow_rank"][1]) == [1]
+    n_steps = store.query_rows("SELECT count(), uniqExact(rank) FROM rankscope.steps WHERE job = {job:String}",
+                               parameters={"job": job})[0]
+    assert n_steps[0] >= 4 * 200 and n_steps[1] == 4
+    hb_stacks = store.query_rows(
+        "SELECT count() FROM rankscope.heartbeats WHERE job = {job:String} AND rank = 3 AND stacks LIKE '%hang_forever%'",
+        parameters={"job": job})[0][0]
+    assert hb_stacks > 0
+
+
+def test_healthy_run_raises_no_alert(pipeline: tuple[Settings, Store, Path]) -> None:
+    settings, store, work = pipeline
+    job = f"healthy-{uuid.uuid4().hex[:6]}"
+    log = work / f"{job}.log"
+    proc = start_job(settings, job, log, "--steps", "150")
+    assert proc.wait(300) == 0, tail(log)
+    stats = TopicReader(settings, Topic.STATS)
+    alerts = AlertReader(settings)
+
+    def all_exited() -> bool:
+        stats.poll(1.0)
+        for v in reversed(stats.values):
+            env = decode(v)
+            if env.job == job:
+                states = {r["rank"]: r["state"] for r in env.body["ranks"]}
+                return states == {0: "exited", 1: "exited", 2: "exited", 3: "exited"}
+        return False
+
+    # The processors have seen every rank's exit record: all of its step records were evaluated.
+    wait_until(all_exited, 120, "processors to see all four ranks exit")
+    alerts.poll(3.0)
+    assert alerts.alerts(job) == [], [a.summary for a in alerts.alerts(job)]
+    steps = wait_until(lambda: store.query_rows(
+        "SELECT count() FROM rankscope.steps FINAL WHERE job = {job:String}", parameters={"job": job})[0][0] == 600,
+        120, "600 step rows in ClickHouse")
+    assert steps
+    exits = store.query_rows("SELECT rank, exit_reason FROM rankscope.ranks FINAL WHERE job = {job:String} ORDER BY rank",
+                             parameters={"job": job})
+    assert [tuple(r) for r in exits] == [(0, "completed"), (1, "completed"), (2, "completed"), (3, "completed")]
+    stats.close()
+    alerts.close()
