@@ -8,6 +8,7 @@ from rankscope import services
 from rankscope.config import Settings
 
 SERVICES = ("processors", "serve")
+ALL_SERVICES = ("demo-job", *SERVICES)
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -42,7 +43,7 @@ def up(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def down(args: argparse.Namespace, settings: Settings) -> int:
-    for name in reversed(SERVICES):
+    for name in ALL_SERVICES:
         if services.stop(settings, name):
             print(f"stopped {name}")
     if settings.local_broker and not args.keep_kafka:

@@ -366,3 +366,48 @@ def test_failed_insert_is_not_committed_and_retried_without_duplicates(sink_sett
         assert sum(o for o in committed.values() if o >= 0) == len(msgs)
     finally:
         sink.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.clickhouse
+def test_two_sinks_in_one_group_rebalance_without_loss(sink_settings: Settings) -> None:
+    """A second sink joins mid-stream (eager rebalance: open batches are written on revoke); a job whose
+    partition moves is picked up by the other sink, which fills its rank state from the store."""
+    s = sink_settings
+    store = open_store(s.store_dsn)  # one process, one chDB directory: both sinks share the client
+    jobs = [f"job-{i}" for i in range(8)]
+    per_phase, chunk = 100, 25
+
+    def phase(first_step: int) -> list[tuple[Topic, bytes | None, bytes]]:
+        out: list[tuple[Topic, bytes | None, bytes]] = []
+        for first in range(first_step, first_step + per_phase, chunk):
+            for job in jobs:
+                out.append((Topic.STEPS, job.encode(), steps_msg(0, first, chunk, first // chunk + 1, job=job)))
+        return out
+
+    stop = threading.Event()
+    sinks = [Sink(s, store)]
+    threads = [threading.Thread(target=sinks[0].run, args=(stop,), daemon=True)]
+    threads[0].start()
+    try:
+        produce(s, phase(0))
+        wait_until("first half stored",
+                   lambda: count(store, "SELECT count() FROM rankscope.steps FINAL") >= len(jobs) * per_phase)
+        sinks.append(Sink(s, store))
+        threads.append(threading.Thread(target=sinks[1].run, args=(stop,), daemon=True))
+        threads[1].start()
+        wait_until("the second sink got partitions", lambda: bool(sinks[1]._consumer.assignment()))
+        produce(s, phase(per_phase))
+        total = len(jobs) * 2 * per_phase
+        wait_until("second half stored", lambda: count(store, "SELECT count() FROM rankscope.steps FINAL") >= total)
+        assert all(t.is_alive() for t in threads)
+        assert count(store, "SELECT count() FROM rankscope.steps FINAL") == total
+        assert store.query_rows("SELECT uniqExact(job, step) FROM rankscope.steps") == [(total,)]
+        assert sinks[1].stats()["messages"] > 0 or sinks[1].stats()["rows"], "the second sink took no work"
+        wait_until("rank state current", lambda: store.query_rows(
+            "SELECT min(last_step), max(last_step), min(pid), count() FROM rankscope.ranks FINAL")
+            == [(2 * per_phase - 1, 2 * per_phase - 1, 1000, len(jobs))])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)

@@ -1,0 +1,53 @@
+# rankscope: `make demo` (local stack + demo job) and `make test` (the whole suite).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+WHEELHOUSE ?= $(HOME)/.cache/rankscope/wheels
+export RANKSCOPE_DATA_DIR ?= $(CURDIR)/.rankscope
+PYTEST_ARGS ?=
+
+.PHONY: install browser kafka-jars demo up down status test bench lint clean
+
+install: $(BIN)/.installed
+
+# One install per requirements change. Wheels are kept in $(WHEELHOUSE) so a fresh clone does not
+# download torch (several GB) again: `pip download` skips files already there.
+$(BIN)/.installed: pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	mkdir -p $(WHEELHOUSE)
+	$(BIN)/pip download -q -d $(WHEELHOUSE) -r requirements.lock || echo "pip download incomplete; installing from the index"
+	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) -r requirements.lock || $(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e . || $(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+# Debian's chromium for the browser tests (root on CI and dev machines).
+browser:
+	@test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q chromium; }
+
+kafka-jars: install
+	$(BIN)/python -c "from rankscope.broker import LocalBroker; from rankscope.config import Settings; LocalBroker(Settings.from_env()).ensure_jars()"
+
+demo: install kafka-jars
+	$(BIN)/rankscope demo
+
+up: install kafka-jars
+	$(BIN)/rankscope up
+
+down:
+	-$(BIN)/rankscope down
+
+status:
+	$(BIN)/rankscope status
+
+test: install kafka-jars browser
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+bench: install kafka-jars
+	$(BIN)/python -m benchmarks
+
+lint: install
+	$(BIN)/ruff check rankscope producers stream_processors storage dashboard benchmarks tests
+	$(BIN)/mypy rankscope producers stream_processors storage dashboard
+
+clean: down
+	rm -rf $(RANKSCOPE_DATA_DIR) .pytest_cache

@@ -1,0 +1,58 @@
+"""`rankscope demo` as a user runs it, checked in headless Chromium: the slow rank and the hang show up.
+
+The demo's own processes (processors, serve = sink + dashboard, the torchrun job) run detached,
+exactly as `make demo` starts them; only the broker is the test session's.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rankscope.config import Settings
+from tests.dashboard.browser import launch_browser, screenshot, wait_for_text
+from tests.integration.helpers import child_env, free_port, tail
+
+pytestmark = [pytest.mark.kafka, pytest.mark.torchrun, pytest.mark.browser]
+
+
+def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path) -> None:
+    settings = kafka_settings.with_overrides(
+        bootstrap_servers=kafka_settings.bootstrap, topic_prefix=f"d{uuid.uuid4().hex[:6]}.",
+        data_dir=str(tmp_path / "demo"), dashboard_port=free_port(), clickhouse_dsn="")
+    env = child_env(settings)
+    job = f"demo-{uuid.uuid4().hex[:6]}"
+    cmd = [sys.executable, "-m", "rankscope", "demo", "--job", job, "--hang-at-step", "300"]
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"http://127.0.0.1:{settings.dashboard_port}" in out.stdout
+        logs = Path(settings.data_dir) / "logs"
+        with launch_browser() as page:
+            page.goto(f"http://127.0.0.1:{settings.dashboard_port}/")
+            try:
+                link = page.get_by_role("link", name=re.compile(re.escape(job)))
+                link.first.wait_for(state="visible", timeout=180_000)
+                screenshot(page, "demo_fleet")
+                link.first.click()
+                page.wait_for_url(re.compile(rf"/job\?job={re.escape(job)}"), timeout=60_000)
+                wait_for_text(page, "Slow rank 1", 240)
+                wait_for_text(page, "hang_forever", 240)
+                table = page.locator("[data-testid='stTable']").first
+                table.wait_for(state="visible", timeout=60_000)
+                page.wait_for_function(
+                    "() => { const t = document.querySelector(\"[data-testid='stTable']\");"
+                    " return t && t.innerText.includes('hung') && t.innerText.includes('slow'); }",
+                    timeout=120_000)
+            except AssertionError as e:
+                screenshot(page, "demo_failure")
+                raise AssertionError(f"{e}\n--- demo-job log\n{tail(logs / 'demo-job.log')}\n--- processors log\n"
+                                     f"{tail(logs / 'processors.log')}\n--- serve log\n{tail(logs / 'serve.log')}") from None
+            screenshot(page, "demo_job")
+    finally:
+        subprocess.run([sys.executable, "-m", "rankscope", "down"], env=env, timeout=120)
