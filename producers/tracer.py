@@ -171,7 +171,7 @@ class Tracer:
         else:
             typical = 0.0
         if since > max(self.settings.stall_stack_min_s, self.settings.stall_stack_factor * typical):
-            stacks = all_thread_stacks(skip_thread_ids={threading.get_ident()})
+            stacks = all_thread_stacks(skip_thread_ids={self._thread.ident or 0})
         return {"step": self._step, "since_step_s": round(since, 3), "dropped": self.dropped,
                 "world_size": self.identity.world_size, "local_rank": self.identity.local_rank,
                 "stacks": stacks}

@@ -134,3 +134,65 @@ def test_healthy_run_raises_no_alert(pipeline: tuple[Settings, Store, Path]) -> 
     assert [tuple(r) for r in exits] == [(0, "completed"), (1, "completed"), (2, "completed"), (3, "completed")]
     stats.close()
     alerts.close()
+
+
+def test_bad_input_is_dead_lettered_and_valid_records_survive(pipeline: tuple[Settings, Store, Path]) -> None:
+    import msgpack
+    from confluent_kafka import Producer
+
+    from rankscope.deadletter import DeadLetter
+    from rankscope.wire import Envelope, encode
+
+    settings, store, _ = pipeline
+    job = f"garbage-{uuid.uuid4().hex[:6]}"
+    topic = Topic.STEPS.name_for(settings)
+    producer = Producer({"bootstrap.servers": settings.bootstrap})
+    bad = [b"\x00\xffnot msgpack at all", None, msgpack.packb({"v": 999, "kind": "steps"})]
+    seq = 0
+    for chunk in range(3):
+        for rank in range(4):
+            seq += 1
+            steps = list(range(chunk * 10, chunk * 10 + 10))
+            env = Envelope(kind="steps", job=job, rank=rank, host="h", pid=1000 + rank, seq=seq, sent_ns=0,
+                           body={"step": steps, "start_ns": [s * 10**7 for s in steps],
+                                 "end_ns": [s * 10**7 + 9 * 10**6 for s in steps], "comm_ns": [10**6] * 10})
+            producer.produce(topic, key=job.encode(), value=encode(env))
+        good = encode(Envelope(kind="heartbeat", job=job, rank=0, host="h", pid=1000, seq=seq, sent_ns=0,
+                               body={"step": 0, "since_step_s": 0.0, "dropped": 0, "world_size": 4,
+                                     "local_rank": 0, "stacks": None}))
+        payload = bad[chunk] if bad[chunk] is not None else good[: len(good) // 2]  # truncated msgpack
+        producer.produce(topic, key=job.encode(), value=payload)
+    producer.flush(30)
+
+    stats = TopicReader(settings, Topic.STATS)
+
+    def processed() -> bool:
+        stats.poll(1.0)
+        for v in reversed(stats.values):
+            env = decode(v)
+            if env.job == job:
+                return sorted((r["rank"], r["step"], r["window_steps"]) for r in env.body["ranks"]) == \
+                    [(r, 29, 20) for r in range(4)]
+        return False
+
+    wait_until(processed, 120, "the processors to take all 120 valid step records")
+    stats.close()
+    dead = TopicReader(settings, Topic.DEADLETTER)
+
+    def dead_letters() -> dict[str, set[str]]:
+        dead.poll(1.0)
+        out: dict[str, set[str]] = {}
+        for v in dead.values:
+            dl = DeadLetter.from_json(v)
+            if dl.source_topic == topic:
+                out.setdefault(dl.stage, set()).add(dl.reason)
+        return out
+
+    got = wait_until(lambda: (lambda d: d if len(d.get("processors", ())) >= 2 and len(d.get("sink", ())) >= 2 else None)(
+        dead_letters()), 120, "dead letters from the processors and the sink")
+    assert {"not_msgpack", "unknown_version"} <= got["processors"]
+    assert {"not_msgpack", "unknown_version"} <= got["sink"]
+    dead.close()
+    rows = wait_until(lambda: store.query_rows("SELECT count() FROM rankscope.steps FINAL WHERE job = {job:String}",
+                                               parameters={"job": job})[0][0] == 120, 120, "120 step rows stored")
+    assert rows

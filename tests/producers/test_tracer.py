@@ -1,0 +1,96 @@
+"""Tracer unit tests with a recording transport and a manual clock (no Kafka)."""
+
+from __future__ import annotations
+
+import threading
+
+from producers.tracer import Tracer
+from rankscope.clock import ManualClock
+from rankscope.config import Settings
+from rankscope.wire import decode
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.dropped = 0
+        self.closed = False
+
+    def send(self, topic: str, key: bytes, value: bytes) -> bool:
+        self.sent.append(value)
+        return True
+
+    def close(self, timeout_s: float) -> None:
+        self.closed = True
+
+    def messages(self):
+        return [decode(v) for v in self.sent]
+
+
+def make(clock: ManualClock, **kw) -> tuple[Tracer, RecordingTransport]:
+    t = RecordingTransport()
+    s = Settings(job_id="job1", rank=2, world_size=4, local_rank=2, heartbeat_s=60, stall_stack_min_s=3,
+                 stall_stack_factor=3, **kw)
+    return Tracer(s, clock=clock, transport=t, install_collective_timing=False, handle_signals=False), t
+
+
+def test_steps_are_batched_and_exit_is_sent():
+    clock = ManualClock()
+    tracer, t = make(clock)
+    for _ in range(5):
+        clock.advance(0.01)
+        tracer.step()
+    tracer.close()
+    msgs = t.messages()
+    steps = [m for m in msgs if m.kind == "steps"]
+    assert sum(len(m.body["step"]) for m in steps) == 5
+    assert steps[0].body["step"][:2] == [0, 1]
+    assert all(abs(e - s - 10_000_000) < 1000 for m in steps for s, e in zip(m.body["start_ns"], m.body["end_ns"], strict=True))
+    assert msgs[-1].kind == "exit" and msgs[-1].body["reason"] == "completed" and msgs[-1].body["step"] == 4
+    assert [m.seq for m in msgs] == sorted({m.seq for m in msgs})
+    assert msgs[0].job == "job1" and msgs[0].rank == 2
+    assert t.closed
+
+
+def test_heartbeat_carries_stacks_only_when_the_step_is_overdue():
+    clock = ManualClock()
+    tracer, _ = make(clock)
+    for _ in range(10):
+        clock.advance(0.1)
+        tracer.step()
+    clock.advance(0.2)
+    assert tracer.heartbeat_body()["stacks"] is None
+    clock.advance(5.0)
+    body = tracer.heartbeat_body()
+    assert body["since_step_s"] >= 5.0
+    threads = {s["thread"] for s in body["stacks"]}
+    assert threading.current_thread().name in threads
+    main = [s for s in body["stacks"] if s["thread"] == threading.current_thread().name][0]
+    assert any("test_heartbeat_carries_stacks" in f for f in main["frames"])
+    tracer.close()
+
+
+def test_tracer_never_raises_even_with_a_broken_transport():
+    class Broken:
+        dropped = 0
+
+        def send(self, *a):
+            raise RuntimeError("boom")
+
+        def close(self, timeout_s):
+            raise RuntimeError("boom")
+
+    tracer = Tracer(Settings(job_id="j", heartbeat_s=60), transport=Broken(), install_collective_timing=False,
+                    handle_signals=False)
+    tracer.step()
+    tracer.close()
+
+
+def test_no_broker_does_not_block_or_raise():
+    # Nothing listens on this port: construction, steps and close return promptly.
+    tracer = Tracer(Settings(job_id="j", bootstrap_servers="127.0.0.1:1", heartbeat_s=0.2, flush_timeout_s=0.5),
+                    install_collective_timing=False, handle_signals=False)
+    for _ in range(1000):
+        tracer.step()
+    tracer.close()
+    assert tracer.current_step == 999

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from rankscope.config import ConfigError, Settings
+from rankscope.wire import Envelope, WireError, decode, encode, steps_rows
+
+
+def env(kind="steps", body=None, **kw):
+    body = body if body is not None else {"step": [0, 1], "start_ns": [0, 10], "end_ns": [10, 20], "comm_ns": [1, 2]}
+    base = dict(kind=kind, job="j", rank=1, host="h", pid=7, seq=3, sent_ns=99, body=body)
+    base.update(kw)
+    return Envelope(**base)
+
+
+def test_roundtrip_steps():
+    e = decode(encode(env()))
+    assert e.kind == "steps" and e.rank == 1 and e.v == 1
+    assert steps_rows(e)[1] == {"step": 1, "start_ns": 10, "end_ns": 20, "comm_ns": 2}
+
+
+@pytest.mark.parametrize("payload,reason", [
+    (b"", "empty"),
+    (b"\xc1\xc1garbage", "not_msgpack"),
+    (msgpack.packb([1, 2, 3]), "not_a_map"),
+    (msgpack.packb({"kind": "steps"}), "missing_field"),
+    (msgpack.packb({**env().to_dict(), "v": 99}), "unknown_version"),
+    (msgpack.packb({**env().to_dict(), "kind": "nope"}), "unknown_kind"),
+    (msgpack.packb({**env().to_dict(), "rank": "x"}), "bad_type"),
+    (msgpack.packb({**env().to_dict(), "body": {"step": [1], "start_ns": [], "end_ns": [1], "comm_ns": [1]}}), "bad_body"),
+    (msgpack.packb({**env().to_dict(), "job": ""}), "bad_type"),
+])
+def test_decode_rejects_with_reason(payload, reason):
+    with pytest.raises(WireError) as ei:
+        decode(payload)
+    assert ei.value.reason == reason
+
+
+def test_truncated_message_is_rejected():
+    data = encode(env())
+    with pytest.raises(WireError) as ei:
+        decode(data[: len(data) // 2])
+    assert ei.value.reason in ("not_msgpack", "bad_body", "missing_field")
+
+
+def test_heartbeat_and_exit_validation():
+    hb = {"step": 3, "since_step_s": 0.5, "dropped": 0, "world_size": 4, "local_rank": 0,
+          "stacks": [{"thread": "MainThread", "frames": ["a.py:1 f"]}]}
+    assert decode(encode(env("heartbeat", hb))).body["stacks"][0]["thread"] == "MainThread"
+    with pytest.raises(WireError):
+        encode(env("exit", {"step": 1, "reason": "exploded", "detail": ""}))
+
+
+def test_settings_from_env_and_validation():
+    s = Settings.from_env({"RANKSCOPE_KAFKA_PORT": "19092", "RANKSCOPE_HANG_MIN_S": "2.5"}, topic_prefix="x.")
+    assert s.kafka_port == 19092 and s.hang_min_s == 2.5 and s.topic_prefix == "x."
+    assert s.bootstrap == "127.0.0.1:19092" and s.local_broker
+    assert Settings.from_env(s.to_env()) == s
+    with pytest.raises(ConfigError, match="RANKSCOPE_KAFKA_PORT"):
+        Settings.from_env({"RANKSCOPE_KAFKA_PORT": "many"})
+    with pytest.raises(ConfigError, match="topic_partitions"):
+        Settings(topic_partitions=0)
+    with pytest.raises(ConfigError, match="clickhouse_dsn"):
+        Settings(clickhouse_dsn="mysql://x")
