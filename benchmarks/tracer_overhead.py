@@ -1,0 +1,68 @@
+"""Tracer per-step overhead on a CPU job: median step time with the tracer vs without, same run.
+
+2-rank torchrun (gloo) jobs, alternating with and without the tracer (ABAB...), REPEATS each,
+against a live local broker; the ratio of medians is reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from benchmarks._stack import local_stack, torchrun
+
+REPEATS = 3
+STEPS = 400
+
+
+def step_call_cost_us(n: int = 200_000) -> float:
+    """In-process cost of one ``tracer.step()`` call (no I/O on the calling thread)."""
+    import time
+
+    from producers.tracer import Tracer
+    from rankscope.config import Settings
+
+    class Null:
+        dropped = 0
+
+        def send(self, *a: Any) -> bool:
+            return True
+
+        def close(self, timeout_s: float) -> None:
+            pass
+
+    tracer = Tracer(Settings(job_id="bench", heartbeat_s=0.5), transport=Null(), install_collective_timing=False,
+                    handle_signals=False)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tracer.step()
+    dt = time.perf_counter() - t0
+    tracer.close()
+    return dt / n * 1e6
+
+
+def run() -> dict[str, Any]:
+    with_t, without_t = [], []
+    with local_stack(processors=False) as settings:
+        tmp = Path(tempfile.mkdtemp())
+        for i in range(REPEATS):
+            for traced in (True, False):
+                out = tmp / f"{i}-{traced}.txt"
+                args = ["--steps", str(STEPS), "--result-file", str(out)] + ([] if traced else ["--no-tracer"])
+                proc = torchrun(settings, f"ovh-{uuid.uuid4().hex[:6]}", *args, nproc=2)
+                if proc.wait(600) != 0:
+                    raise RuntimeError("overhead job failed")
+                (with_t if traced else without_t).append(float(out.read_text()))
+    ratio = statistics.median(with_t) / statistics.median(without_t)
+    call_us = step_call_cost_us()
+    return {"name": "tracer_overhead", "with_tracer_s": with_t, "without_tracer_s": without_t,
+            "metrics": {"median_step_ms_with_tracer": round(statistics.median(with_t) * 1e3, 3),
+                        "median_step_ms_without": round(statistics.median(without_t) * 1e3, 3),
+                        "overhead_ratio": round(ratio, 4),
+                        "step_call_us": round(call_us, 3),
+                        "step_call_share_of_step": round(call_us / 1e6 / statistics.median(without_t), 6)},
+            "targets": {"overhead_ratio": "<= 1.005 (noise on 2 shared cores is larger)",
+                        "step_call_share_of_step": "<= 0.005"}}
