@@ -31,6 +31,8 @@ import traceback
 from typing import Any
 
 from producers.collectives import CommTimer, install, register_ddp_hook, uninstall
+from producers.control import ControlListener
+from producers.trace_window import WindowController
 from producers.identity import RankIdentity, resolve_identity
 from producers.stacks import all_thread_stacks
 from producers.transport import Transport
@@ -66,6 +68,19 @@ class Tracer:
             client_id=f"rankscope-{self.identity.job}-{self.identity.rank}")
         self._seq = 0
         self._seq_lock = threading.Lock()
+        self._control_topic = Topic.CONTROL.name_for(self.settings)
+        rank_key = f"{self.identity.job}/{self.identity.rank}".encode()
+        self.windows = WindowController(
+            send_trace=lambda kind, body: self._send_to(Topic.TRACES.name_for(self.settings), rank_key, kind, body),
+            send_summary=lambda kind, body: self._send_to(Topic.SUMMARIES.name_for(self.settings), self._key, kind, body),
+            ack=self._ack, byte_budget=self.settings.trace_byte_budget, wall_ns=self.clock.wall_ns,
+            on_window=self._on_window)
+        self._flight: collections.deque[tuple[int, int, int, int]] = collections.deque(maxlen=self.settings.flight_steps)
+        self.control: ControlListener | None = None
+        if self.settings.control_enabled and transport is None:
+            self.control = ControlListener(self.settings.bootstrap, self._control_topic, self.identity.job,
+                                           self.identity.rank, handler=self._on_control,
+                                           reject=lambda rid, why: self._ack(rid, "rejected", why)).start()
         self._step = -1                      # last completed step
         self._step_start_ns = self.clock.wall_ns()
         self._pending: list[tuple[int, int, int, int]] = []
@@ -109,9 +124,13 @@ class Tracer:
                 comm = max(comm, now - ready)  # DDP: busy until the last bucket was ready
                 self._comm.ddp_ready_ns = 0
             self._step += 1
-            self._pending.append((self._step, start, now, min(comm, now - start)))
+            rec = (self._step, start, now, min(comm, now - start))
+            self._pending.append(rec)
+            self._flight.append(rec)
             self._recent.append(now - start)
             self._step_start_ns = now
+            if self.windows.armed:
+                self.windows.on_step(self._step)
         except Exception:
             pass
 
@@ -130,6 +149,9 @@ class Tracer:
         self._closed = True
         try:
             self._stop.set()
+            if self.control is not None:
+                self.control.stop()
+            self.windows.drain(self.settings.flush_timeout_s / 2)
             self._send_steps()
             self._send("exit", {"step": self._step, "reason": reason, "detail": detail[:2000]})
             self.transport.close(self.settings.flush_timeout_s)
@@ -148,12 +170,43 @@ class Tracer:
 
     # Background -------------------------------------------------------------------------------
     def _send(self, kind: str, body: dict[str, Any]) -> None:
+        self._send_to(self._steps_topic, self._key, kind, body)
+
+    def _send_to(self, topic: str, key: bytes, kind: str, body: dict[str, Any]) -> None:
         with self._seq_lock:
             self._seq += 1
             seq = self._seq
         env = Envelope(kind=kind, job=self.identity.job, rank=self.identity.rank, host=self.identity.host,
                        pid=self.identity.pid, seq=seq, sent_ns=self.clock.wall_ns(), body=body)
-        self.transport.send(self._steps_topic, self._key, encode(env))
+        self.transport.send(topic, key, encode(env))
+
+    def _ack(self, request_id: str, status: str, detail: str, **extra: Any) -> None:
+        self._send_to(self._control_topic, self._key, "ack",
+                      {"request_id": request_id, "status": status, "detail": detail, **extra})
+
+    def _on_control(self, command: str, request_id: str, args: dict[str, Any], ranks: list[int] | None,
+                    sent_ns: int) -> None:
+        if command == "flight":
+            self.send_flight_record(request_id, reason=str(args.get("reason", "requested")))
+        else:
+            self.windows.handle(command, request_id, args, ranks, sent_ns)
+
+    def send_flight_record(self, request_id: str = "", reason: str = "requested") -> None:
+        """Send the flight recorder: the last ``flight_steps`` step records and every thread's stack."""
+        steps = [list(r) for r in list(self._flight)]
+        self._send_to(self._control_topic, self._key, "flight",
+                      {"steps": steps, "stacks": all_thread_stacks(skip_thread_ids={threading.get_ident()}),
+                       "reason": reason, "request_id": request_id})
+        if request_id:
+            self._ack(request_id, "done", f"flight record: {len(steps)} steps")
+
+    def _on_window(self, active: bool) -> None:
+        sampler = getattr(self, "hw_sampler", None)
+        if sampler is not None:
+            try:
+                sampler.set_fast(active)
+            except Exception:
+                pass
 
     def _send_steps(self) -> None:
         if not self._pending:

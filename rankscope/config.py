@@ -75,6 +75,9 @@ class Settings:
     stall_stack_factor: float = 3.0
     stall_stack_min_s: float = 3.0
     flush_timeout_s: float = 5.0
+    trace_byte_budget: int = 8_000_000
+    flight_steps: int = 256
+    control_enabled: bool = True
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -82,6 +85,7 @@ class Settings:
             "kafka_port", "kafka_controller_port", "topic_partitions", "dashboard_port",
             "sink_batch_rows", "queue_max", "straggler_window", "straggler_min_steps",
             "straggler_persist", "stats_every_steps", "processors_web_port",
+            "trace_byte_budget", "flight_steps",
         ]
         for name in positive:
             if getattr(self, name) <= 0:

@@ -1,0 +1,190 @@
+"""Control channel on the rank: commands from the control topic, acknowledgements back.
+
+A daemon thread reads every partition of the control topic from its end (no consumer group, so
+thousands of ranks cost the broker nothing extra), keeps the commands addressed to this job and
+rank, and hands them to a handler. Malformed commands are answered with a ``rejected`` ack when
+they carry a request id, counted, and dropped; the thread never stops on bad input.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from rankscope.wire import WireError, decode
+
+log = logging.getLogger("rankscope.control")
+
+COMMANDS = frozenset({"trace", "stop", "flight"})
+ACK_STATUSES = frozenset({"accepted", "queued", "rejected", "done", "stopped"})
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """A validated ``trace`` command. ``steps`` per window; one of the modes below."""
+
+    request_id: str
+    steps: int
+    every_s: float = 0.0        # periodic by time
+    every_steps: int = 0        # periodic by steps
+    continuous: bool = False    # back-to-back windows until stopped
+    with_shapes: bool = False
+    with_stack: bool = True
+    byte_budget: int = 0        # 0 = the rank's default
+    start_at_ns: int = 0        # wall clock; ranks start at the first step boundary after it
+    ranks: list[int] | None = field(default=None)
+
+    @property
+    def repeating(self) -> bool:
+        return self.continuous or self.every_s > 0 or self.every_steps > 0
+
+
+class ControlError(ValueError):
+    pass
+
+
+def parse_trace_request(request_id: str, args: dict[str, Any], ranks: list[int] | None, sent_ns: int) -> TraceRequest:
+    """Validate a trace command's arguments; raise ControlError naming the bad value."""
+    def num(name: str, typ: type, default: Any, lo: float, hi: float) -> Any:
+        v = args.get(name, default)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+            raise ControlError(f"{name}={v!r} must be a number in [{lo}, {hi}]")
+        return typ(v)
+
+    steps = num("steps", int, 3, 1, 10_000)
+    every_s = num("every_s", float, 0.0, 0, 7 * 86400)
+    every_steps = num("every_steps", int, 0, 0, 10_000_000)
+    budget = num("byte_budget", int, 0, 0, 1 << 31)
+    lead_ns = num("lead_ns", int, 1_000_000_000, 0, 3_600_000_000_000)
+    if every_steps and every_steps < steps:
+        raise ControlError(f"every_steps={every_steps} must be >= steps={steps}")
+    return TraceRequest(request_id=request_id, steps=steps, every_s=every_s, every_steps=every_steps,
+                        continuous=bool(args.get("continuous", False)), with_shapes=bool(args.get("with_shapes", False)),
+                        with_stack=bool(args.get("with_stack", True)), byte_budget=budget,
+                        start_at_ns=sent_ns + lead_ns, ranks=ranks)
+
+
+class ControlListener:
+    """Reads commands for (job, rank); calls ``handler(command, request_id, args, ranks, sent_ns)``.
+
+    ``reject(request_id, reason)`` answers malformed commands. ``consumer`` is injectable for tests.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, job: str, rank: int,
+                 handler: Callable[[str, str, dict[str, Any], list[int] | None, int], None],
+                 reject: Callable[[str, str], None], consumer: Any = None) -> None:
+        self.job, self.rank, self.topic = job, rank, topic
+        self._handler, self._reject = handler, reject
+        self._stop = threading.Event()
+        self.rejected = 0
+        self._consumer = consumer
+        self._bootstrap = bootstrap
+        self._thread = threading.Thread(target=self._run, name="rankscope-control", daemon=True)
+
+    def start(self) -> ControlListener:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _make_consumer(self) -> Any:
+        from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+
+        c = Consumer({"bootstrap.servers": self._bootstrap, "group.id": f"rankscope-rank-{self.job}-{self.rank}",
+                      "enable.auto.commit": False, "auto.offset.reset": "latest",
+                      "logger": logging.getLogger("rankscope.librdkafka"), "log_level": 3})
+        md = c.list_topics(self.topic, timeout=10)
+        parts = md.topics[self.topic].partitions if self.topic in md.topics else {}
+        if not parts:
+            raise RuntimeError(f"control topic {self.topic} not found")
+        c.assign([TopicPartition(self.topic, p, OFFSET_END) for p in parts])
+        return c
+
+    def _run(self) -> None:
+        backoff = 1.0
+        while not self._stop.is_set() and self._consumer is None:
+            try:
+                self._consumer = self._make_consumer()
+            except Exception as e:
+                log.debug("control channel not ready: %s", e)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+        while not self._stop.is_set():
+            try:
+                msg = self._consumer.poll(0.5)
+            except Exception as e:
+                log.debug("control poll failed: %s", e)
+                self._stop.wait(1.0)
+                continue
+            if msg is None or msg.error():
+                continue
+            self.handle_payload(msg.value())
+        try:
+            if self._consumer is not None:
+                self._consumer.close()
+        except Exception:
+            pass
+
+    def handle_payload(self, payload: bytes | None) -> None:
+        """Decode one control message and dispatch it if it is for this rank. Never raises."""
+        try:
+            env = decode(payload)
+            if env.kind == "ack":
+                return
+            if env.kind != "control":
+                raise WireError("bad_body", f"kind {env.kind!r} on the control topic")
+        except WireError as e:
+            rid = _request_id_of(payload)
+            if rid is not None and _job_of(payload) in (self.job, None):
+                self.rejected += 1
+                self._reject(rid, f"malformed control message: {e}")
+            else:
+                log.debug("ignoring malformed control message: %s", e)
+            return
+        if env.job != self.job:
+            return
+        ranks = env.body["ranks"]
+        if ranks is not None and self.rank not in ranks:
+            return
+        cmd, rid = env.body["command"], env.body["request_id"]
+        if cmd not in COMMANDS:
+            self.rejected += 1
+            self._reject(rid, f"unknown command {cmd!r}; known: {sorted(COMMANDS)}")
+            return
+        try:
+            self._handler(cmd, rid, env.body["args"], ranks, env.sent_ns)
+        except ControlError as e:
+            self.rejected += 1
+            self._reject(rid, str(e))
+        except Exception as e:  # the handler must not kill the control thread
+            log.warning("rankscope: control command %s failed: %s", cmd, e)
+            self._reject(rid, f"internal error: {type(e).__name__}: {e}")
+
+
+def _loose(payload: bytes | None) -> dict[str, Any] | None:
+    try:
+        obj = msgpack.unpackb(payload or b"", raw=False, strict_map_key=False)
+    except Exception:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _request_id_of(payload: bytes | None) -> str | None:
+    obj = _loose(payload)
+    if obj is None:
+        return None
+    body = obj.get("body")
+    rid = body.get("request_id") if isinstance(body, dict) else None
+    return rid if isinstance(rid, str) and rid else None
+
+
+def _job_of(payload: bytes | None) -> str | None:
+    obj = _loose(payload)
+    job = obj.get("job") if obj else None
+    return job if isinstance(job, str) else None

@@ -1,0 +1,243 @@
+"""Trace windows on the rank: torch.profiler for N steps, opened by control messages.
+
+Lifecycle (one window at a time per rank):
+1. The control thread validates a ``trace`` command and queues it, acknowledging ``accepted``
+   (nothing running) or ``queued`` (a window is running or waiting); a second repeating schedule is
+   ``rejected`` until the first is stopped. ``stop`` ends the schedule and the running window.
+2. The training thread, in ``tracer.step()``, starts the profiler at the first step boundary after
+   the request's ``start_at_ns`` (so every rank starts at the same step), marks each step with
+   ``prof.step()``, and stops after ``steps`` steps. Idle cost: one attribute check per step.
+3. Raw events are taken from the profiler on the training thread (a few ms); conversion, the
+   on-rank summary, byte budgeting and sending happen on a background thread, which then acks
+   ``done`` with the event counts and whether the window was truncated.
+Repeating modes: every ``every_s`` seconds, every ``every_steps`` steps, or ``continuous``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from producers.control import ControlError, TraceRequest, parse_trace_request
+
+log = logging.getLogger("rankscope.trace")
+
+SendFn = Callable[[str, dict[str, Any]], None]   # (kind, body) -> queued on the right topic
+
+
+@dataclass
+class _Active:
+    request: TraceRequest
+    window_id: str
+    first_step: int
+    start_ns: int
+    profiler: Any
+    steps_done: int = 0
+    stop_requested: bool = False
+
+
+def default_profiler(request: TraceRequest) -> Any:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    return profile(activities=activities, with_stack=request.with_stack, record_shapes=request.with_shapes)
+
+
+class WindowController:
+    def __init__(self, *, send_trace: SendFn, send_summary: SendFn, ack: Callable[..., None],
+                 byte_budget: int, wall_ns: Callable[[], int],
+                 profiler_factory: Callable[[TraceRequest], Any] = default_profiler,
+                 on_window: Callable[[bool], None] | None = None) -> None:
+        self._send_trace, self._send_summary, self._ack = send_trace, send_summary, ack
+        self._byte_budget = byte_budget
+        self._wall_ns = wall_ns
+        self._profiler_factory = profiler_factory
+        self._on_window = on_window or (lambda active: None)
+        self._lock = threading.Lock()
+        self._pending: list[TraceRequest] = []
+        self._schedule: TraceRequest | None = None
+        self._schedule_count = 0
+        self._next_due_ns = 0
+        self._next_due_step = 0
+        self._active: _Active | None = None
+        self._counts: dict[str, int] = {}
+        self.armed = False                      # fast path for step(): anything to do at all?
+        self._work: queue.Queue[tuple[_Active, list[dict[str, Any]], int]] = queue.Queue(maxsize=4)
+        self._worker: threading.Thread | None = None
+        self.windows_done = 0
+
+    # Control thread --------------------------------------------------------------------------
+    def handle(self, command: str, request_id: str, args: dict[str, Any], ranks: list[int] | None,
+               sent_ns: int) -> None:
+        if command == "stop":
+            with self._lock:
+                stopped = [r.request_id for r in self._pending]
+                self._pending.clear()
+                if self._schedule is not None:
+                    stopped.append(self._schedule.request_id)
+                self._schedule = None
+                if self._active is not None:
+                    self._active.stop_requested = True
+                    stopped.append(self._active.request.request_id)
+                self._rearm()
+            self._ack(request_id, "stopped", f"stopped {sorted(set(stopped))}" if stopped else "nothing was running")
+            return
+        if command != "trace":
+            raise ControlError(f"command {command!r} is not handled by trace windows")
+        req = parse_trace_request(request_id, args, ranks, sent_ns)
+        with self._lock:
+            if req.repeating and self._schedule is not None:
+                raise ControlError(f"schedule {self._schedule.request_id} is active on this rank; stop it first")
+            busy = self._active is not None or bool(self._pending)
+            if req.repeating:
+                self._schedule = req
+                self._schedule_count = 0
+                self._next_due_ns = req.start_at_ns
+                self._next_due_step = -1
+            else:
+                self._pending.append(req)
+            self._rearm()
+        mode = ("continuous" if req.continuous else f"every {req.every_s:g}s" if req.every_s
+                else f"every {req.every_steps} steps" if req.every_steps else "once")
+        self._ack(request_id, "queued" if busy else "accepted", f"{req.steps} steps, {mode}")
+
+    def _rearm(self) -> None:
+        self.armed = self._active is not None or bool(self._pending) or self._schedule is not None
+
+    # Training thread -------------------------------------------------------------------------
+    def on_step(self, completed_step: int) -> None:
+        """Called by ``tracer.step()`` after step ``completed_step`` ended. Never raises."""
+        if not self.armed:
+            return
+        try:
+            self._on_step(completed_step)
+        except Exception as e:
+            log.warning("rankscope: trace window failed: %s: %s", type(e).__name__, e)
+            with self._lock:
+                act, self._active = self._active, None
+                self._rearm()
+            if act is not None:
+                self._safe_stop(act.profiler)
+                self._ack(act.request.request_id, "rejected", f"window {act.window_id} failed: {e}")
+                self._on_window(False)
+
+    def _on_step(self, completed_step: int) -> None:
+        act = self._active
+        if act is not None:
+            act.steps_done += 1
+            if act.steps_done >= act.request.steps or act.stop_requested:
+                self._finish(act, completed_step)
+            else:
+                act.profiler.step()
+            return
+        now = self._wall_ns()
+        req = self._due(now, completed_step)
+        if req is None:
+            return
+        self._begin(req, completed_step + 1, now)
+
+    def _due(self, now: int, step: int) -> TraceRequest | None:
+        with self._lock:
+            if self._pending and now >= self._pending[0].start_at_ns:
+                return self._pending.pop(0)
+            s = self._schedule
+            if s is None or now < s.start_at_ns:
+                return None
+            if s.continuous or (s.every_s and now >= self._next_due_ns) or \
+                    (s.every_steps and (self._next_due_step < 0 or step + 1 >= self._next_due_step)):
+                if s.every_steps and self._next_due_step < 0:
+                    self._next_due_step = step + 1
+                return s
+            return None
+
+    def _begin(self, req: TraceRequest, first_step: int, now: int) -> None:
+        k = self._counts.get(req.request_id, 0)
+        self._counts[req.request_id] = k + 1
+        window_id = f"{req.request_id}-{k}"
+        prof = self._profiler_factory(req)
+        prof.start()
+        with self._lock:
+            self._active = _Active(req, window_id, first_step, now, prof)
+            if req is self._schedule:
+                self._next_due_ns = now + int(req.every_s * 1e9)
+                self._next_due_step = first_step + req.every_steps
+            self._rearm()
+        self._on_window(True)
+
+    def _finish(self, act: _Active, last_step: int) -> None:
+        act.profiler.stop()
+        end_ns = self._wall_ns()
+        from producers.trace_events import extract_events
+
+        events = extract_events(act.profiler)
+        with self._lock:
+            self._active = None
+            self._rearm()
+        self._on_window(False)
+        self._ensure_worker()
+        try:
+            self._work.put_nowait((act, events, end_ns))
+        except queue.Full:
+            self._ack(act.request.request_id, "rejected", f"window {act.window_id} dropped: sender busy")
+
+    @staticmethod
+    def _safe_stop(prof: Any) -> None:
+        try:
+            prof.stop()
+        except Exception:
+            pass
+
+    # Background sender -------------------------------------------------------------------------
+    def _ensure_worker(self) -> None:
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work_loop, name="rankscope-trace-sender", daemon=True)
+            self._worker.start()
+
+    def _work_loop(self) -> None:
+        while True:
+            act, events, end_ns = self._work.get()
+            try:
+                self._ship(act, events, end_ns)
+            except Exception as e:
+                log.warning("rankscope: sending window %s failed: %s", act.window_id, e)
+                self._ack(act.request.request_id, "rejected", f"window {act.window_id} failed: {e}")
+            finally:
+                self._work.task_done()
+
+    def _ship(self, act: _Active, events: list[dict[str, Any]], end_ns: int) -> None:
+        from producers.trace_events import chunk, summarize, to_columnar
+
+        cols = to_columnar(events, act.window_id, act.first_step)
+        summary = summarize(cols)
+        budget = act.request.byte_budget or self._byte_budget
+        bodies, truncated, sent = chunk(cols, budget)
+        for body in bodies:
+            self._send_trace("trace", body)
+        last_step = act.first_step + act.steps_done - 1
+        total = len(cols.get("start_ns", []))
+        self._send_summary("summary", {
+            "window_id": act.window_id, "functions": summary, "first_step": act.first_step, "last_step": last_step,
+            "start_ns": act.start_ns, "end_ns": end_ns, "events_total": total, "events_sent": sent,
+            "truncated": bool(truncated), "status": "stopped" if act.stop_requested else "complete",
+            "request_id": act.request.request_id})
+        self.windows_done += 1
+        detail = (f"window {act.window_id}: steps {act.first_step}-{last_step}, {sent}/{total} events sent"
+                  + (f", TRUNCATED to the {budget}-byte budget" if truncated else ""))
+        self._ack(act.request.request_id, "done", detail, window_id=act.window_id, truncated=bool(truncated))
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait (bounded) for windows being sent; used at exit."""
+        if self._worker is None:
+            return
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while self._work.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.05)

@@ -1,0 +1,194 @@
+"""``rankscope trace --job J [--ranks 0-7] --steps N [--every 10m | --every-steps K | --continuous] [--stop]``
+
+Sends a control message to the job's ranks and prints each rank's acknowledgement (accepted,
+queued, rejected with the reason, then done with the window's event counts when ``--wait-done``).
+Exit status: 0 all addressed ranks accepted; 1 some rejected; 2 bad arguments, unknown job or
+ranks, or no answer in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+import uuid
+from typing import Any
+
+from rankscope.config import Settings
+from rankscope.topics import Topic
+from rankscope.wire import Envelope, WireError, decode, encode
+
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("trace", parents=[common], help="open trace windows on a running job's ranks")
+    p.add_argument("--job", required=True)
+    p.add_argument("--ranks", default="", help="e.g. 0-3,8 (default: every rank)")
+    p.add_argument("--steps", type=int, default=3, help="steps per window (1-10000)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--every", default="", help="periodic: a window every DURATION (e.g. 30s, 10m)")
+    mode.add_argument("--every-steps", type=int, default=0, help="periodic: a window every K steps")
+    mode.add_argument("--continuous", action="store_true", help="back-to-back windows until --stop")
+    mode.add_argument("--stop", action="store_true", help="stop running windows and schedules")
+    p.add_argument("--shapes", action="store_true", help="record tensor shapes (more overhead)")
+    p.add_argument("--no-stack", action="store_true", help="without Python stacks (less overhead)")
+    p.add_argument("--byte-budget", type=int, default=0, help="raw-event bytes per window per rank (0 = rank default)")
+    p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for acknowledgements")
+    p.add_argument("--wait-done", action="store_true", help="also wait until every rank has sent its window")
+    p.set_defaults(func=run)
+
+
+def parse_ranks(spec: str) -> list[int] | None:
+    """``"0-3,8"`` -> [0, 1, 2, 3, 8]; empty -> None (all ranks). Raises ValueError naming the part."""
+    if not spec.strip():
+        return None
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise ValueError(f"bad rank range {part!r} in --ranks {spec!r}; use e.g. 0-3,8")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise ValueError(f"bad rank range {part!r}: {hi} < {lo}")
+        out.update(range(lo, hi + 1))
+    return sorted(out)
+
+
+def parse_duration(spec: str) -> float:
+    m = DURATION.match(spec.strip())
+    if not m:
+        raise ValueError(f"bad duration {spec!r}; use e.g. 500ms, 30s, 10m, 1h")
+    return float(m.group(1)) * UNIT_S[m.group(2)]
+
+
+def known_ranks(settings: Settings, job: str, timeout_s: float = 5.0) -> dict[str, list[int]]:
+    """Jobs and their ranks, from the latest stats published by the processors (tail of the stats topic)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = Topic.STATS.name_for(settings)
+    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rankscope-cli-{uuid.uuid4().hex[:8]}",
+                  "enable.auto.commit": False})
+    jobs: dict[str, list[int]] = {}
+    try:
+        md = c.list_topics(topic, timeout=timeout_s)
+        parts = list(md.topics[topic].partitions) if topic in md.topics else []
+        assign = []
+        for p in parts:
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            if hi > lo:
+                assign.append(TopicPartition(topic, p, max(lo, hi - 2000)))
+        if not assign:
+            return jobs
+        c.assign(assign)
+        remaining = {tp.partition for tp in assign}
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in remaining}
+        deadline = time.monotonic() + timeout_s
+        while remaining and time.monotonic() < deadline:
+            msg = c.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                remaining.discard(msg.partition())
+            try:
+                env = decode(msg.value())
+            except WireError:
+                continue
+            jobs[env.job] = sorted(r["rank"] for r in env.body["ranks"])
+    finally:
+        c.close()
+    return jobs
+
+
+def build_request(args: argparse.Namespace, ranks: list[int] | None, request_id: str, job: str) -> bytes:
+    if args.stop:
+        command, cargs = "stop", {}
+    else:
+        cargs: dict[str, Any] = {"steps": args.steps, "with_shapes": args.shapes, "with_stack": not args.no_stack,
+                                 "byte_budget": args.byte_budget}
+        if args.every:
+            cargs["every_s"] = parse_duration(args.every)
+        if args.every_steps:
+            cargs["every_steps"] = args.every_steps
+        if args.continuous:
+            cargs["continuous"] = True
+        command = "trace"
+    env = Envelope(kind="control", job=job, rank=-1, host="cli", pid=0, seq=1, sent_ns=time.time_ns(),
+                   body={"command": command, "request_id": request_id, "ranks": ranks, "args": cargs})
+    return encode(env)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+
+    try:
+        ranks = parse_ranks(args.ranks)
+        if not 1 <= args.steps <= 10_000:
+            raise ValueError(f"--steps must be in [1, 10000], got {args.steps}")
+        if args.every:
+            parse_duration(args.every)
+        if args.every_steps and args.every_steps < args.steps:
+            raise ValueError(f"--every-steps {args.every_steps} must be >= --steps {args.steps}")
+    except ValueError as e:
+        print(f"rankscope trace: {e}", file=sys.stderr)
+        return 2
+    jobs = known_ranks(settings, args.job)
+    if args.job not in jobs:
+        known = ", ".join(sorted(jobs)) or "none"
+        print(f"rankscope trace: unknown job {args.job!r} (jobs with recent stats: {known})", file=sys.stderr)
+        return 2
+    job_ranks = jobs[args.job]
+    if ranks is not None:
+        missing = sorted(set(ranks) - set(job_ranks))
+        if missing:
+            print(f"rankscope trace: job {args.job} has no rank {missing}; its ranks are {job_ranks}", file=sys.stderr)
+            return 2
+    targets = ranks if ranks is not None else job_ranks
+    request_id = f"tw{uuid.uuid4().hex[:8]}"
+    topic = Topic.CONTROL.name_for(settings)
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rankscope-cli-{request_id}",
+                         "enable.auto.commit": False})
+    md = consumer.list_topics(topic, timeout=10)
+    consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in md.topics[topic].partitions])
+    consumer.poll(0.5)  # take the assignment before producing, so no ack is missed
+    producer = Producer({"bootstrap.servers": settings.bootstrap})
+    producer.produce(topic, key=args.job.encode(), value=build_request(args, ranks, request_id, args.job))
+    producer.flush(10)
+    print(f"request {request_id} sent to job {args.job} ranks {targets}", flush=True)
+    status: dict[int, str] = {}
+    done: set[int] = set()
+    deadline = time.monotonic() + args.timeout
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.3)
+            if msg is None or msg.error():
+                continue
+            try:
+                env = decode(msg.value())
+            except WireError:
+                continue
+            if env.kind != "ack" or env.body["request_id"] != request_id:
+                continue
+            st = env.body["status"]
+            print(f"rank {env.rank}: {st} {env.body['detail']}", flush=True)
+            if st == "done":
+                done.add(env.rank)
+            else:
+                status[env.rank] = st
+            answered = set(status) >= set(targets)
+            if answered and (not args.wait_done or args.stop or set(done) >= set(targets)
+                             or any(v == "rejected" for v in status.values())):
+                break
+    finally:
+        consumer.close()
+    silent = sorted(set(targets) - set(status))
+    if silent:
+        print(f"no answer from ranks {silent} within {args.timeout:g}s (not running, or not reachable)", file=sys.stderr)
+        return 2
+    if args.wait_done and not args.stop and set(done) < set(targets):
+        print(f"ranks {sorted(set(targets) - done)} did not finish their window within {args.timeout:g}s", file=sys.stderr)
+        return 1
+    return 1 if any(v == "rejected" for v in status.values()) else 0

@@ -1,0 +1,165 @@
+"""Trace windows end to end: `rankscope trace` -> control topic -> real 2-rank torchrun job ->
+torch.profiler for exactly the requested steps -> traces/summaries topics -> sink -> chDB."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+from confluent_kafka import Producer
+
+from rankscope.admin import ensure_topics
+from rankscope.config import Settings
+from rankscope.topics import Topic
+from rankscope.wire import Envelope, encode
+from storage.sink import Sink
+from storage.store import Store, close_store, open_store
+from tests.integration.helpers import TopicReader, child_env, start_job, start_processors, stop_process, tail, wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.torchrun]
+
+
+@pytest.fixture(scope="module")
+def traced_job(kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[tuple[Settings, Store, str, Path]]:
+    work = tmp_path_factory.mktemp("tw")
+    settings = kafka_settings.with_overrides(topic_prefix=f"w{uuid.uuid4().hex[:8]}.", data_dir=str(work),
+                                             clickhouse_dsn=f"chdb://{work / 'ch'}", sink_batch_s=0.5)
+    ensure_topics(settings, timeout_s=60)
+    processors = start_processors(settings, work / "processors.log")
+    store = open_store(settings.store_dsn)
+    sink = Sink(settings, store)
+    stop = threading.Event()
+    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    thread.start()
+    job = f"tw-{uuid.uuid4().hex[:6]}"
+    log = work / "job.log"
+    proc = start_job(settings, job, log, "--steps", "100000", nproc=2)
+    try:
+        wait_until(lambda: rankscope(settings, "trace", "--job", "nope-job", "--steps", "1", "--timeout", "1").returncode == 2
+                   and job_known(settings, job), 180, f"processors to publish stats for {job}")
+        yield settings, store, job, work
+    finally:
+        stop_process(proc)
+        stop.set()
+        thread.join(30)
+        stop_process(processors)
+        close_store(settings.store_dsn)
+        print("job log:\n" + tail(log))
+
+
+def rankscope(settings: Settings, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rankscope", *args], env=child_env(settings), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def job_known(settings: Settings, job: str) -> bool:
+    from rankscope.commands.trace import known_ranks
+
+    return known_ranks(settings, job).get(job) == [0, 1]
+
+
+def test_window_covers_exactly_the_requested_steps(traced_job: tuple[Settings, Store, str, Path]) -> None:
+    settings, store, job, _ = traced_job
+    out = rankscope(settings, "trace", "--job", job, "--steps", "3", "--wait-done", "--timeout", "120")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count(": done window") == 2, out.stdout
+    request_id = out.stdout.split()[1]
+
+    def windows() -> list[tuple]:
+        return store.query_rows(
+            "SELECT rank, window_id, first_step, last_step, events, truncated FROM rankscope.trace_windows FINAL "
+            "WHERE job = {job:String} AND startsWith(window_id, {rid:String}) ORDER BY rank",
+            parameters={"job": job, "rid": request_id})
+
+    rows = wait_until(lambda: len(windows()) == 2 and windows(), 120, "two trace_windows rows")
+    for rank, window_id, first, last, events, truncated in rows:
+        assert last - first + 1 == 3 and truncated == 0 and events > 0
+    assert rows[0][2] == rows[1][2], "both ranks start at the same step"
+    window_id = rows[0][1]
+
+    def counts() -> dict[tuple[int, str], int]:
+        return {(r, c): n for r, c, n in store.query_rows(
+            "SELECT rank, category, count() FROM rankscope.trace_events WHERE job = {job:String} "
+            "AND window_id = {w:String} GROUP BY rank, category", parameters={"job": job, "w": window_id})}
+
+    got = wait_until(lambda: (lambda c: c if sum(c.values()) == sum(r[4] for r in rows) else None)(counts()), 120,
+                     "all raw events stored")
+    for rank in (0, 1):
+        for cat in ("cpu_op", "python", "collective"):
+            assert got.get((rank, cat), 0) > 0, (rank, cat, got)
+    steps = store.query_rows("SELECT DISTINCT step FROM rankscope.trace_events WHERE job = {job:String} AND "
+                             "window_id = {w:String} AND step >= 0 ORDER BY step", parameters={"job": job, "w": window_id})
+    assert [s[0] for s in steps] == list(range(rows[0][2], rows[0][3] + 1))
+    # On-rank summaries agree with the raw events they summarise.
+    mismatch = store.query_rows(
+        "SELECT s.rank, s.category, s.name, s.count, s.total_ns, e.n, e.total FROM rankscope.function_summaries AS s FINAL "
+        "INNER JOIN (SELECT rank, category, name, count() AS n, sum(dur_ns) AS total FROM rankscope.trace_events "
+        "  WHERE job = {job:String} AND window_id = {w:String} GROUP BY rank, category, name) AS e "
+        "ON s.rank = e.rank AND s.category = e.category AND s.name = e.name "
+        "WHERE s.job = {job:String} AND s.window_id = {w:String} AND (s.count != e.n OR s.total_ns != e.total)",
+        parameters={"job": job, "w": window_id})
+    assert mismatch == []
+    n_summ = store.query_rows("SELECT count() FROM rankscope.function_summaries FINAL WHERE job = {job:String} "
+                              "AND window_id = {w:String}", parameters={"job": job, "w": window_id})[0][0]
+    assert n_summ > 10
+
+
+def test_small_budget_reports_truncation(traced_job: tuple[Settings, Store, str, Path]) -> None:
+    settings, store, job, _ = traced_job
+    out = rankscope(settings, "trace", "--job", job, "--ranks", "1", "--steps", "2", "--byte-budget", "20000",
+                    "--wait-done", "--timeout", "120")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "TRUNCATED" in out.stdout and "rank 1: done" in out.stdout and "rank 0" not in out.stdout.split("sent")[-1]
+    rid = out.stdout.split()[1]
+    rows = wait_until(lambda: store.query_rows(
+        "SELECT truncated, events FROM rankscope.trace_windows FINAL WHERE job = {job:String} AND rank = 1 "
+        "AND startsWith(window_id, {rid:String})", parameters={"job": job, "rid": rid}), 120, "truncated window row")
+    assert rows[0][0] == 1
+
+
+def test_bad_requests_are_answered_and_the_job_goes_on(traced_job: tuple[Settings, Store, str, Path]) -> None:
+    settings, store, job, _ = traced_job
+    out = rankscope(settings, "trace", "--job", "no-such-job", "--steps", "2")
+    assert out.returncode == 2 and "unknown job 'no-such-job'" in out.stderr
+    out = rankscope(settings, "trace", "--job", job, "--ranks", "0,7", "--steps", "2")
+    assert out.returncode == 2 and "has no rank [7]" in out.stderr
+    out = rankscope(settings, "trace", "--job", job, "--ranks", "x-y")
+    assert out.returncode == 2 and "bad rank range" in out.stderr
+    # A malformed command (steps out of range) reaches the ranks and is rejected with a reason.
+    control = TopicReader(settings, Topic.CONTROL)
+    control.poll(2.0)
+    before = store.query_rows("SELECT max(step) FROM rankscope.steps WHERE job = {job:String}",
+                              parameters={"job": job})[0][0]
+    producer = Producer({"bootstrap.servers": settings.bootstrap})
+    env = Envelope(kind="control", job=job, rank=-1, host="t", pid=0, seq=1, sent_ns=time.time_ns(),
+                   body={"command": "trace", "request_id": "bad-steps", "ranks": None, "args": {"steps": -5}})
+    producer.produce(Topic.CONTROL.name_for(settings), key=job.encode(), value=encode(env))
+    garbage = msgpack.packb({"v": 1, "kind": "control", "job": job, "body": {"request_id": "bad-shape"}})
+    producer.produce(Topic.CONTROL.name_for(settings), key=job.encode(), value=garbage)
+    producer.flush(10)
+
+    def rejections() -> dict[str, set[int]]:
+        control.poll(1.0)
+        out: dict[str, set[int]] = {}
+        for v in control.values:
+            m = msgpack.unpackb(v)
+            if m.get("kind") == "ack" and m["body"]["status"] == "rejected":
+                out.setdefault(m["body"]["request_id"], set()).add(m["rank"])
+        return out
+
+    got = wait_until(lambda: (lambda r: r if r.get("bad-steps") == {0, 1} and r.get("bad-shape") == {0, 1} else None)(
+        rejections()), 60, "both ranks to reject both malformed commands")
+    assert got
+    reasons = [msgpack.unpackb(v)["body"]["detail"] for v in control.values if b"bad-steps" in v]
+    assert any("steps=-5" in r for r in reasons), reasons
+    control.close()
+    wait_until(lambda: store.query_rows("SELECT max(step) FROM rankscope.steps WHERE job = {job:String}",
+                                        parameters={"job": job})[0][0] > before + 50, 120, "the job to keep stepping")
