@@ -32,9 +32,9 @@ from typing import Any
 
 from producers.collectives import CommTimer, install, register_ddp_hook, uninstall
 from producers.control import ControlListener
-from producers.trace_window import WindowController
 from producers.identity import RankIdentity, resolve_identity
 from producers.stacks import all_thread_stacks
+from producers.trace_window import WindowController
 from producers.transport import Transport
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings

@@ -21,7 +21,15 @@ from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
 from storage.sink import Sink
 from storage.store import Store, close_store, open_store
-from tests.integration.helpers import TopicReader, child_env, start_job, start_processors, stop_process, tail, wait_until
+from tests.integration.helpers import (
+    TopicReader,
+    child_env,
+    start_job,
+    start_processors,
+    stop_process,
+    tail,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.torchrun]
 
@@ -80,7 +88,7 @@ def test_window_covers_exactly_the_requested_steps(traced_job: tuple[Settings, S
             parameters={"job": job, "rid": request_id})
 
     rows = wait_until(lambda: len(windows()) == 2 and windows(), 120, "two trace_windows rows")
-    for rank, window_id, first, last, events, truncated in rows:
+    for _rank, _window_id, first, last, events, truncated in rows:
         assert last - first + 1 == 3 and truncated == 0 and events > 0
     assert rows[0][2] == rows[1][2], "both ranks start at the same step"
     window_id = rows[0][1]
