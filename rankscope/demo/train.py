@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     tracer = None if args.no_tracer else Tracer()
     torch.manual_seed(rank)
     x0 = torch.randn(args.size, args.size)
