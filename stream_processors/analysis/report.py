@@ -1,0 +1,251 @@
+"""Function-level diagnosis of one trace window across workers (PerfTracker-style report).
+
+Input: the on-rank summaries of one window, as a DataFrame with columns
+``rank, category, name, count, total_ns, exclusive_ns, median_ns, max_ns, window_ns`` (one row per
+rank and function; ``exclusive_ns`` = time the function runs while nothing else useful overlaps
+it; see producers/trace_events.py), and optionally collective arrivals
+``rank, name, seq, start_ns`` (the k-th call of each collective on each rank).
+
+Definitions (README "Diagnosis metrics"):
+- bottleneck ratio of a function on a worker = exclusive_ns / window_ns;
+- abnormal = robust z-score across workers (median, MAD x 1.4826, scale floored at 5% of the
+  median) above ``z_threshold``, and, for memory ops, CUDA runtime and Python functions,
+  PerfTracker's floor: the value is at least 1% of the window;
+- busy time of a worker = exclusive time of everything but collectives and annotations; slow
+  workers have abnormal busy time; the cost of a slow worker's function = its excess over the
+  median of the other workers x world size (every rank waits for it), in rank-seconds.
+Everything here is pure: DataFrames in, a JSON-able dict out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+GPU_CATS = ("kernel",)
+MEM_CATS = ("memcpy", "memset")
+COMPUTE_CATS = ("kernel", "cpu_op", "python", "memcpy", "memset", "runtime")
+FLOOR = 0.01
+
+
+def robust_z(values: pd.Series) -> pd.Series:
+    """(x - median) / max(1.4826 MAD, 5% of |median|, 1): robust to one outlier among few workers."""
+    med = float(values.median())
+    mad = float((values - med).abs().median())
+    scale = max(1.4826 * mad, 0.05 * abs(med), 1.0)
+    return (values - med) / scale
+
+
+def _per_rank(df: pd.DataFrame, cats: tuple[str, ...], col: str, ranks: list[int]) -> pd.Series:
+    sub = df[df["category"].isin(cats)]
+    return sub.groupby("rank")[col].sum().reindex(ranks, fill_value=0).astype(float)
+
+
+def _abnormal(series: pd.Series, window: pd.Series, z_threshold: float, floor: float | None,
+              both_sides: bool = False) -> list[dict[str, Any]]:
+    if len(series) < 3:
+        return []
+    z = robust_z(series)
+    out = []
+    for r, v in series.items():
+        hit = z[r] > z_threshold or (both_sides and z[r] < -z_threshold)
+        if hit and (floor is None or v >= floor * float(window[r])):
+            out.append({"rank": int(r), "value_ms": round(v / 1e6, 3), "median_ms": round(float(series.median()) / 1e6, 3),
+                        "z": round(float(z[r]), 2)})
+    return out
+
+
+def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, *, job: str = "",
+                 window_id: str = "", world_size: int | None = None, z_threshold: float = 4.0,
+                 min_rel_excess: float = 0.25, expected_ranks: list[int] | None = None) -> dict[str, Any]:
+    """Build the report dict for one window. Raises ValueError on missing columns or no rows."""
+    need = {"rank", "category", "name", "count", "total_ns", "exclusive_ns", "window_ns"}
+    missing = need - set(summaries.columns)
+    if missing:
+        raise ValueError(f"summaries lack columns {sorted(missing)}")
+    if summaries.empty:
+        raise ValueError("no summaries for this window")
+    df = summaries.copy()
+    ranks = sorted(int(r) for r in df["rank"].unique())
+    world = world_size or len(ranks)
+    window = df.groupby("rank")["window_ns"].max().reindex(ranks).astype(float)
+    cats = set(df["category"].unique())
+    report: dict[str, Any] = {
+        "job": job, "window_id": window_id, "ranks": ranks, "world_size": world,
+        "missing_ranks": sorted(set(expected_ranks or []) - set(ranks)),
+        "window_ms": {str(r): round(float(window[r]) / 1e6, 3) for r in ranks},
+        "definitions": {"bottleneck_ratio": "exclusive time / window length",
+                        "abnormal": f"robust z-score across workers > {z_threshold} (memory ops, CUDA runtime, "
+                                    f"Python functions also need >= {FLOOR:.0%} of the window)"},
+        "not_applicable": [],
+    }
+    # GPU compute ----------------------------------------------------------------------------
+    if cats & set(GPU_CATS):
+        busy = _per_rank(df, GPU_CATS, "exclusive_ns", ranks)
+        util = (_per_rank(df, GPU_CATS, "total_ns", ranks) / window).clip(upper=1.0)
+        kern = df[df["category"] == "kernel"]
+        major = (kern.groupby("name").agg(total=("total_ns", "median"), excl=("exclusive_ns", "median"),
+                                          calls=("count", "median"))
+                 .sort_values("total", ascending=False).head(10))
+        per_call = kern.assign(per_call=kern["total_ns"] / kern["count"].clip(lower=1))
+        problems = []
+        for name, g in per_call.groupby("name"):
+            s = g.set_index("rank")["per_call"]
+            for hit in _abnormal(s, window, z_threshold, None):
+                problems.append({**hit, "kernel": name})
+        report["gpu_compute"] = {
+            "utilisation": {"min": round(float(util.min()), 4), "median": round(float(util.median()), 4),
+                            "max": round(float(util.max()), 4)},
+            "abnormal_utilisation": [{"rank": h["rank"], "z": h["z"]} for h in
+                                     _abnormal(-util * 1e6, window, z_threshold, None)],
+            "major_kernels": [{"name": n, "median_cost_per_call_us": round(r.total / max(r.calls, 1) / 1e3, 3),
+                               "bottleneck_ratio": round(r.excl / float(window.median()), 4)}
+                              for n, r in major.iterrows()],
+            "workers_with_potential_gpu_problems": problems,
+            "busy_ms": {str(r): round(float(v) / 1e6, 3) for r, v in busy.items()},
+        }
+    else:
+        report["not_applicable"].append("gpu_compute: no GPU kernels in this window (CPU-only job)")
+    # GPU memory operations ----------------------------------------------------------------------
+    if cats & set(MEM_CATS):
+        mem = _per_rank(df, MEM_CATS, "exclusive_ns", ranks)
+        report["gpu_memory_operations"] = {
+            "average_bottleneck_ratio": round(float((mem / window).mean()), 4),
+            "abnormal_workers": _abnormal(mem, window, z_threshold, FLOOR)}
+    else:
+        report["not_applicable"].append("gpu_memory_operations: no memcpy/memset in this window")
+    # Communication ---------------------------------------------------------------------------
+    coll = df[df["category"] == "collective"]
+    if not coll.empty:
+        by = []
+        for name, g in coll.groupby("name"):
+            s = g.set_index("rank")["total_ns"].reindex(ranks, fill_value=0).astype(float)
+            normal = int((s - s.median()).abs().idxmin())
+            row = g.set_index("rank").reindex(ranks)
+            nbytes = row["bytes"].fillna(0) if "bytes" in row else pd.Series(0.0, index=ranks)
+            thr = (nbytes / (s / 1e9)).replace([np.inf, -np.inf], np.nan) if float(nbytes.sum()) else None
+            by.append({"collective": name, "normal_worker": normal,
+                       "bottleneck_ratio": round(float(row.loc[normal, "exclusive_ns"] / window[normal]), 4),
+                       "mean_throughput_Bps": round(float(thr.mean()), 1) if thr is not None else None,
+                       "throughput_std_Bps": round(float(thr.std()), 1) if thr is not None else None,
+                       "median_time_ms": round(float(s.median()) / 1e6, 3),
+                       "abnormal_workers": _abnormal(s, window, z_threshold, FLOOR, both_sides=True)})
+        report["communication"] = {"by_collective": by,
+                                   "note": "in synchronous training the slow worker waits least: long collective "
+                                           "time marks the ranks that wait for it"}
+    else:
+        report["not_applicable"].append("communication: no collectives in this window")
+    # CUDA runtime ---------------------------------------------------------------------------
+    if "runtime" in cats:
+        rt = _per_rank(df, ("runtime",), "exclusive_ns", ranks)
+        tot = _per_rank(df, ("runtime",), "total_ns", ranks)
+        report["cuda_runtime"] = {"bottleneck_ratio": round(float((rt / window).median()), 4),
+                                  "share_of_window": round(float((tot / window).median()), 4),
+                                  "abnormal_workers": _abnormal(tot, window, z_threshold, FLOOR)}
+    else:
+        report["not_applicable"].append("cuda_runtime: no CUDA runtime calls in this window")
+    # Python functions -------------------------------------------------------------------------
+    py = df[df["category"] == "python"]
+    if not py.empty:
+        py = py.assign(ratio=py["exclusive_ns"] / py["rank"].map(window))
+        heavy = py[py["ratio"] > FLOOR].sort_values("ratio", ascending=False)
+        report["python_functions"] = {
+            "per_worker": {str(r): [{"path": n, "bottleneck_ratio": round(float(x), 4)}
+                                    for n, x in zip(g["name"], g["ratio"], strict=True)][:20]
+                           for r, g in heavy.groupby("rank")}}
+    else:
+        report["not_applicable"].append("python_functions: no Python stacks in this window")
+    # Slow workers and causes --------------------------------------------------------------------
+    compute = df[df["category"].isin(COMPUTE_CATS)]
+    busy = compute[compute["category"] != "python"].groupby("rank")["exclusive_ns"].sum()
+    busy = busy.add(compute[compute["category"] == "python"].groupby("rank")["exclusive_ns"].sum(), fill_value=0)
+    busy = busy.reindex(ranks, fill_value=0).astype(float)
+    slow = []
+    if len(ranks) >= 3:
+        z = robust_z(busy)
+        med = float(busy.median())
+        for r in ranks:
+            if z[r] > z_threshold and busy[r] > med * (1 + min_rel_excess) and busy[r] - med > FLOOR * window[r]:
+                slow.append({"rank": r, "busy_ms": round(busy[r] / 1e6, 3), "median_busy_ms": round(med / 1e6, 3),
+                             "z": round(float(z[r]), 2)})
+    report["slow_workers"] = slow
+    report["busy_ms"] = {str(r): round(float(v) / 1e6, 3) for r, v in busy.items()}
+    report["causes"] = rank_causes(df, [s["rank"] for s in slow], ranks, world)
+    if arrivals is not None and not arrivals.empty:
+        report["collective_arrivals"] = straggler_from_arrivals(arrivals, world)
+    report["abnormal_workers"] = sorted({s["rank"] for s in slow})
+    return report
+
+
+def rank_causes(df: pd.DataFrame, slow_ranks: list[int], ranks: list[int], world: int,
+                top: int = 10) -> list[dict[str, Any]]:
+    """Functions of the slow workers by their excess over the other workers' median (inclusive time)."""
+    out = []
+    for r in slow_ranks:
+        others = [x for x in ranks if x != r]
+        mine = df[(df["rank"] == r) & df["category"].isin(COMPUTE_CATS)]
+        rest = (df[df["rank"].isin(others) & df["category"].isin(COMPUTE_CATS)]
+                .pivot_table(index=["category", "name"], columns="rank", values="total_ns", aggfunc="sum")
+                .reindex(columns=others).fillna(0).median(axis=1))
+        for (cat, name), total in mine.groupby(["category", "name"])["total_ns"].sum().items():
+            excess = float(total) - float(rest.get((cat, name), 0.0))
+            if excess > 0:
+                out.append({"rank": r, "category": cat, "function": name, "leaf": str(name).split(";")[-1],
+                            "excess_ms": round(excess / 1e6, 3),
+                            "cost_rank_seconds": round(excess * world / 1e9, 6)})
+    out.sort(key=lambda c: c["excess_ms"], reverse=True)
+    return out[:top]
+
+
+def straggler_from_arrivals(arrivals: pd.DataFrame, world: int) -> dict[str, Any]:
+    """Match the k-th call of each collective across ranks; the last to arrive is the straggler.
+
+    Returns who arrives last most often, their mean lateness behind the median arrival, and the
+    what-if saving: sum over calls of (last arrival - second-to-last arrival) x world size.
+    """
+    a = arrivals.copy()
+    n_ranks = a["rank"].nunique()
+    g = a.groupby(["name", "seq"])
+    full = g["rank"].transform("nunique") == n_ranks
+    a = a[full]
+    if a.empty or n_ranks < 2:
+        return {"matched_calls": 0}
+    last_rows = a.loc[a.groupby(["name", "seq"])["start_ns"].idxmax()]
+    counts = last_rows["rank"].value_counts()
+    med = a.groupby(["name", "seq"])["start_ns"].median()
+    late = (last_rows.set_index(["name", "seq"])["start_ns"] - med)
+    second = a.groupby(["name", "seq"])["start_ns"].apply(lambda s: s.nlargest(2).iloc[-1])
+    saving = (last_rows.set_index(["name", "seq"])["start_ns"] - second).clip(lower=0)
+    top_rank = int(counts.idxmax())
+    return {"matched_calls": int(len(last_rows)), "last_arrival_counts": {str(k): int(v) for k, v in counts.items()},
+            "straggler": top_rank, "straggler_share": round(float(counts.max() / len(last_rows)), 3),
+            "mean_lateness_ms": round(float(late.mean()) / 1e6, 3),
+            "what_if_saving_rank_seconds": round(float(saving.sum()) * world / 1e9, 6)}
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# rankscope report: job {report['job']} window {report['window_id']}", "",
+             f"ranks {report['ranks']} (world size {report['world_size']})"]
+    if report.get("missing_ranks"):
+        lines.append(f"**missing ranks: {report['missing_ranks']}** (no summary before the deadline)")
+    lines += ["", "## Slow workers"]
+    lines += [f"- rank {s['rank']}: busy {s['busy_ms']} ms vs median {s['median_busy_ms']} ms (z {s['z']})"
+              for s in report["slow_workers"]] or ["- none"]
+    lines += ["", "## Causes (by cost)"]
+    lines += [f"- rank {c['rank']} {c['category']} `{c['leaf']}`: +{c['excess_ms']} ms, {c['cost_rank_seconds']} rank-s"
+              for c in report["causes"]] or ["- none"]
+    for sec in ("gpu_compute", "gpu_memory_operations", "communication", "cuda_runtime", "python_functions",
+                "collective_arrivals"):
+        if sec in report:
+            lines += ["", f"## {sec}", "```json", _json(report[sec]), "```"]
+    if report["not_applicable"]:
+        lines += ["", "## Not applicable"] + [f"- {x}" for x in report["not_applicable"]]
+    return "\n".join(lines) + "\n"
+
+
+def _json(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj, indent=2, default=str)[:20000]
