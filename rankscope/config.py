@@ -65,6 +65,9 @@ class Settings:
     straggler_z: float = 4.0
     straggler_min_rel: float = 0.25
     straggler_persist: int = 3
+    report_deadline_s: float = 30.0
+    auto_trace_steps: int = 5
+    auto_trace_interval_s: float = 600.0
     # Producer (rank side).
     job_id: str = ""
     rank: int = -1
@@ -75,6 +78,7 @@ class Settings:
     stall_stack_factor: float = 3.0
     stall_stack_min_s: float = 3.0
     flush_timeout_s: float = 5.0
+    hw_sample_s: float = 1.0  # hardware sampling period; 0 = off
     trace_byte_budget: int = 8_000_000
     flight_steps: int = 256
     control_enabled: bool = True
@@ -95,6 +99,8 @@ class Settings:
                      "stall_stack_factor", "stall_stack_min_s"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds/factor, got {getattr(self, name)!r}")
+        if self.hw_sample_s < 0:
+            raise ConfigError(f"hw_sample_s must be >= 0 (0 = off), got {self.hw_sample_s!r}")
         if not 0 <= self.straggler_min_rel < 10:
             raise ConfigError(f"straggler_min_rel must be in [0, 10), got {self.straggler_min_rel!r}")
         if self.clickhouse_dsn and not self.clickhouse_dsn.startswith(("chdb://", "http://", "https://")):

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -26,6 +27,7 @@ from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, WireError, decode, encode
 from stream_processors.monitor import JobMonitor
+from stream_processors.windows import WindowCollector
 
 log = logging.getLogger("rankscope.processors")
 
@@ -58,6 +60,11 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     alerts_topic = app.topic(Topic.ALERTS.name_for(settings), partitions=settings.topic_partitions, **raw)
     stats_topic = app.topic(Topic.STATS.name_for(settings), partitions=settings.topic_partitions, **raw)
     dead_topic = app.topic(Topic.DEADLETTER.name_for(settings), partitions=settings.topic_partitions, **raw)
+    summaries_topic = app.topic(Topic.SUMMARIES.name_for(settings), partitions=settings.topic_partitions, **raw)
+    reports_topic = app.topic(Topic.REPORTS.name_for(settings), partitions=settings.topic_partitions, **raw)
+    control_topic = app.topic(Topic.CONTROL.name_for(settings), partitions=settings.topic_partitions, **raw)
+    collector = WindowCollector()
+    auto_traced: dict[str, float] = {}
     table = app.Table("job-monitors", default=None, partitions=settings.topic_partitions,
                       schema=faust.Schema(key_type=bytes, key_serializer="raw", value_serializer="json"))
     monitors: dict[str, JobMonitor] = {}
@@ -76,22 +83,73 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
             monitors[job] = mon
         return mon
 
+    async def decode_or_deadletter(event: Any, kinds: tuple[str, ...]) -> Envelope | None:
+        msg = event.message
+        try:
+            env = decode(event.value)
+            if env.kind not in kinds:
+                raise WireError("unexpected_kind", f"{env.kind!r} on {msg.topic}; expected {list(kinds)}")
+            return env
+        except WireError as e:
+            counter.add("processors", e.reason)
+            dl = DeadLetter.make(ts_ns=clock.wall_ns(), source_topic=msg.topic, partition=msg.partition,
+                                 offset=msg.offset, stage="processors", reason=e.reason, detail=str(e),
+                                 payload=event.value if isinstance(event.value, bytes) else None)
+            await dead_topic.send(key=msg.topic.encode(), value=dl.to_json())
+        except Exception as e:  # never let one event kill the agent
+            counter.add("processors", "internal")
+            log.exception("unexpected error decoding event: %s", e)
+        return None
+
+    async def publish_report(job: str, window_id: str) -> None:
+        mon = monitors.get(job)
+        expected = sorted(r for r, st in mon.ranks.items() if not st.exit_reason) if mon else None
+        report = collector.build(job, window_id, expected, mon.world_size if mon else None)
+        if report is not None:
+            log.warning("report %s/%s: slow workers %s", job, window_id, [s["rank"] for s in report["slow_workers"]])
+            await reports_topic.send(key=job.encode(), value=json.dumps(report, default=str).encode())
+
+    @app.agent(summaries_topic, concurrency=1)
+    async def reports(stream: Any) -> None:
+        async for event in stream.events():
+            env = await decode_or_deadletter(event, ("summary",))
+            if env is None:
+                continue
+            try:
+                key = collector.add(env, clock.monotonic())
+                mon = monitors.get(env.job)
+                if collector.complete(key, mon):
+                    await publish_report(*key)
+            except Exception as e:
+                counter.add("processors", "report_failed")
+                log.exception("report for %s failed: %s", env.job, e)
+
+    @app.timer(interval=2.0)
+    async def report_deadlines() -> None:
+        for key in collector.overdue(clock.monotonic(), settings.report_deadline_s):
+            try:
+                await publish_report(*key)
+            except Exception as e:
+                log.exception("report %s failed: %s", key, e)
+
+    async def auto_trace(job: str) -> None:
+        """A sustained slowdown opens a trace window on the job by itself (rate-limited)."""
+        now = clock.monotonic()
+        if settings.auto_trace_steps <= 0 or now - auto_traced.get(job, -1e18) < settings.auto_trace_interval_s:
+            return
+        auto_traced[job] = now
+        seq[0] += 1
+        env = Envelope(kind="control", job=job, rank=-1, host=host, pid=pid, seq=seq[0], sent_ns=clock.wall_ns(),
+                       body={"command": "trace", "request_id": f"auto{seq[0]}-{int(now)}", "ranks": None,
+                             "args": {"steps": settings.auto_trace_steps, "reason": "auto: slow rank"}})
+        log.warning("auto-trace: opening a %d-step window on job %s", settings.auto_trace_steps, job)
+        await control_topic.send(key=job.encode(), value=encode(env))
+
     @app.agent(steps_topic, concurrency=1)
     async def progress(stream: Any) -> None:
         async for event in stream.events():
-            msg = event.message
-            try:
-                env = decode(event.value)
-            except WireError as e:
-                counter.add("processors", e.reason)
-                dl = DeadLetter.make(ts_ns=clock.wall_ns(), source_topic=msg.topic, partition=msg.partition,
-                                     offset=msg.offset, stage="processors", reason=e.reason, detail=str(e),
-                                     payload=event.value if isinstance(event.value, bytes) else None)
-                await dead_topic.send(key=msg.topic.encode(), value=dl.to_json())
-                continue
-            except Exception as e:  # never let one event kill the agent
-                counter.add("processors", "internal")
-                log.exception("unexpected error decoding event: %s", e)
+            env = await decode_or_deadletter(event, ("steps", "heartbeat", "exit"))
+            if env is None:
                 continue
             try:
                 mon = monitor_for(env.job)
@@ -118,6 +176,8 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
             for alert in alerts:
                 log.warning("alert %s %s: %s", alert.status, alert.kind, alert.summary)
                 await alerts_topic.send(key=job.encode(), value=alert.to_json())
+                if alert.kind == "slow_rank" and alert.status == "open":
+                    await auto_trace(job)
             if mon.steps_since_stats or alerts:
                 mon.steps_since_stats = 0
                 seq[0] += 1

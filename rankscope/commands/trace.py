@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--byte-budget", type=int, default=0, help="raw-event bytes per window per rank (0 = rank default)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for acknowledgements")
     p.add_argument("--wait-done", action="store_true", help="also wait until every rank has sent its window")
+    p.add_argument("--auto-analyze", action="store_true",
+                   help="wait for the window's diagnosis report (implies --wait-done) and print or save it")
+    p.add_argument("--output-dir", default="", help="with --auto-analyze: write the report here (JSON and Markdown)")
     p.set_defaults(func=run)
 
 
@@ -122,6 +125,26 @@ def build_request(args: argparse.Namespace, ranks: list[int] | None, request_id:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.auto_analyze:
+        args.wait_done = True
+    rc, request_id = send_and_wait(args, settings)
+    if rc != 0 or not args.auto_analyze or args.stop:
+        return rc
+    from rankscope.commands.report import render_markdown_for, wait_for_report, write_report
+
+    rep = wait_for_report(settings, args.job, request_id, max(args.timeout, settings.report_deadline_s + 30))
+    if rep is None:
+        print(f"no report for window {request_id} (are the processors running?)", file=sys.stderr)
+        return 1
+    if args.output_dir:
+        for p in write_report(rep, args.output_dir):
+            print(f"report written: {p}")
+    else:
+        print(render_markdown_for(rep))
+    return 0
+
+
+def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, str]:
     from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
     try:
@@ -134,18 +157,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             raise ValueError(f"--every-steps {args.every_steps} must be >= --steps {args.steps}")
     except ValueError as e:
         print(f"rankscope trace: {e}", file=sys.stderr)
-        return 2
+        return 2, ""
     jobs = known_ranks(settings, args.job)
     if args.job not in jobs:
         known = ", ".join(sorted(jobs)) or "none"
         print(f"rankscope trace: unknown job {args.job!r} (jobs with recent stats: {known})", file=sys.stderr)
-        return 2
+        return 2, ""
     job_ranks = jobs[args.job]
     if ranks is not None:
         missing = sorted(set(ranks) - set(job_ranks))
         if missing:
             print(f"rankscope trace: job {args.job} has no rank {missing}; its ranks are {job_ranks}", file=sys.stderr)
-            return 2
+            return 2, ""
     targets = ranks if ranks is not None else job_ranks
     request_id = f"tw{uuid.uuid4().hex[:8]}"
     topic = Topic.CONTROL.name_for(settings)
@@ -187,8 +210,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     silent = sorted(set(targets) - set(status))
     if silent:
         print(f"no answer from ranks {silent} within {args.timeout:g}s (not running, or not reachable)", file=sys.stderr)
-        return 2
+        return 2, request_id
     if args.wait_done and not args.stop and set(done) < set(targets):
         print(f"ranks {sorted(set(targets) - done)} did not finish their window within {args.timeout:g}s", file=sys.stderr)
-        return 1
-    return 1 if any(v == "rejected" for v in status.values()) else 0
+        return 1, request_id
+    return (1 if any(v == "rejected" for v in status.values()) else 0), request_id

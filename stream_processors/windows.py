@@ -1,0 +1,86 @@
+"""Collects the per-rank summaries of each trace window until every expected rank has reported
+(or a deadline passes, naming the missing ranks), then builds the diagnosis report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from rankscope.wire import Envelope
+from stream_processors.analysis.report import build_report
+
+MAX_OPEN_WINDOWS = 256
+
+
+@dataclass
+class _Window:
+    first_seen: float
+    frames: dict[int, pd.DataFrame] = field(default_factory=dict)
+    arrivals: dict[int, pd.DataFrame] = field(default_factory=dict)
+    request_ranks: list[int] | None = None
+    meta: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+class WindowCollector:
+    def __init__(self) -> None:
+        self._open: dict[tuple[str, str], _Window] = {}
+        self._done: set[tuple[str, str]] = set()
+
+    def add(self, env: Envelope, now: float) -> tuple[str, str]:
+        """Fold one ``summary`` message in; returns its (job, window_id). Raises ValueError on bad bodies."""
+        b = env.body
+        key = (env.job, b["window_id"])
+        if key in self._done:
+            return key
+        win = self._open.get(key)
+        if win is None:
+            if len(self._open) >= MAX_OPEN_WINDOWS:  # bounded: the oldest window is dropped
+                self._open.pop(next(iter(self._open)))
+            win = self._open[key] = _Window(first_seen=now)
+        fn = pd.DataFrame({k: v for k, v in b["functions"].items() if isinstance(v, list)})
+        window_ns = b["functions"].get("window_ns") or (int(b.get("end_ns", 0)) - int(b.get("start_ns", 0)))
+        fn["rank"] = env.rank
+        fn["window_ns"] = int(window_ns)
+        win.frames[env.rank] = fn
+        arr = b.get("arrivals")
+        if isinstance(arr, dict) and arr.get("name"):
+            a = pd.DataFrame(arr)
+            a["rank"] = env.rank
+            win.arrivals[env.rank] = a
+        if isinstance(b.get("request_ranks"), list):
+            win.request_ranks = [int(r) for r in b["request_ranks"]]
+        win.meta[env.rank] = {k: b.get(k) for k in ("first_step", "last_step", "truncated", "events_total")}
+        return key
+
+    def complete(self, key: tuple[str, str], monitor: Any) -> bool:
+        win = self._open.get(key)
+        if win is None:
+            return False
+        job_ranks = sorted(r for r, st in monitor.ranks.items() if not st.exit_reason) if monitor else None
+        exp = self.expected_from(win, job_ranks)
+        return bool(exp) and set(exp) <= set(win.frames)
+
+    def overdue(self, now: float, deadline_s: float) -> list[tuple[str, str]]:
+        return [k for k, w in self._open.items() if now - w.first_seen >= deadline_s]
+
+    def build(self, job: str, window_id: str, job_ranks: list[int] | None, world_size: int | None) -> dict[str, Any] | None:
+        key = (job, window_id)
+        win = self._open.pop(key, None)
+        if win is None:
+            return None
+        self._done.add(key)
+        exp = self.expected_from(win, job_ranks)
+        df = pd.concat(win.frames.values(), ignore_index=True)
+        arrivals = pd.concat(win.arrivals.values(), ignore_index=True) if win.arrivals else None
+        report = build_report(df, arrivals, job=job, window_id=window_id, world_size=world_size,
+                              expected_ranks=exp)
+        report["steps"] = {str(r): [m.get("first_step"), m.get("last_step")] for r, m in sorted(win.meta.items())}
+        report["truncated_ranks"] = sorted(r for r, m in win.meta.items() if m.get("truncated"))
+        report["schema_version"] = 1
+        return report
+
+    @staticmethod
+    def expected_from(win: _Window, job_ranks: list[int] | None) -> list[int] | None:
+        return win.request_ranks if win.request_ranks is not None else job_ranks
