@@ -11,6 +11,9 @@ Contract shared by all functions here:
 - Tables are ReplacingMergeTree, so "latest" values use ``argMax(..., version/time)`` or
   ``LIMIT 1 BY``; merges never need to have happened for the answers to be exact.
 - An empty result is an empty DataFrame with the documented columns.
+- The SQL console (:func:`run_readonly`) is the one place user-written SQL runs: checked by
+  :func:`check_readonly_sql`, then run with ``readonly=1`` and result/time limits on a session of
+  its own.
 
 No Streamlit here: the pages own caching and rendering.
 """
@@ -18,12 +21,14 @@ No Streamlit here: the pages own caching and rendering.
 from __future__ import annotations
 
 import json
+import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from storage.store import Store
+from storage.store import Store, StoreError
 
 #: Rank states, most severe first. ``derive_rank_states`` picks the first that applies.
 RANK_STATES = ("exited", "dead", "hung", "slow", "running")
@@ -132,6 +137,8 @@ def rank_rows(store: Store, job: str, recent_steps: int = 50, now_ns: int | None
                    argMax(exit_reason, last_seen_ns) AS r_exit,
                    argMax(exit_detail, last_seen_ns) AS r_detail
             FROM {db}.ranks WHERE job = {{job:String}} GROUP BY rank),
+          m AS (
+            SELECT rank, max(step) AS m_step FROM {db}.steps WHERE job = {{job:String}} GROUP BY rank),
           s AS (
             SELECT rank, max(step) AS s_step, max(end_ns) AS s_end,
                    quantileExact(0.5)(duration_ns) AS med_step_ns,
@@ -139,7 +146,11 @@ def rank_rows(store: Store, job: str, recent_steps: int = 50, now_ns: int | None
                    quantileExact(0.5)(comm_ns) AS med_comm_ns,
                    any(host) AS s_host, any(pid) AS s_pid
             FROM (SELECT rank, step, end_ns, duration_ns, busy_ns, comm_ns, host, pid
-                  FROM {db}.steps WHERE job = {{job:String}}
+                  FROM {db}.steps
+                  WHERE job = {{job:String}}
+                    -- every rank's last n steps lie above the slowest rank's last step - n; this
+                    -- bound lets the primary key skip the older granules before LIMIT BY sorts
+                    AND step > (SELECT min(m_step) FROM m) - {{n:UInt32}}
                   ORDER BY rank, step DESC LIMIT {{n:UInt32}} BY rank)
             GROUP BY rank),
           h AS (
@@ -461,3 +472,442 @@ def gpu_util_series(store: Store, window_s: float = 900.0, bucket_s: int = 10,
     df["t"] = _ts(df["t_ns"])
     df["gpu_util"] = df["gpu_util"].round(1)
     return df[GPU_UTIL_COLUMNS]
+
+
+# Hosts: hardware time series ------------------------------------------------------------------------
+
+#: Bucket widths (s) that time-series queries pick from, so charts keep about ``points`` points.
+BUCKETS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+HW_COLUMNS = ["device", "metric", "t", "value"]
+HW_LATEST_COLUMNS = ["device", "metric", "value", "age_s"]
+
+
+def bucket_for(span_s: float, points: int = 240) -> int:
+    """The smallest bucket of :data:`BUCKETS_S` that splits ``span_s`` seconds into <= ``points`` buckets."""
+    _check_positive("span_s", span_s)
+    _check_positive("points", points)
+    for b in BUCKETS_S:
+        if span_s / b <= points:
+            return b
+    return BUCKETS_S[-1]
+
+
+def host_names(store: Store, since_ns: int = 0) -> list[str]:
+    """Every host known from rank records or from hardware samples newer than ``since_ns``, sorted."""
+    db = store.database
+    sql = f"""
+        SELECT DISTINCT h FROM (
+          SELECT toString(host) AS h FROM {db}.ranks
+          UNION ALL
+          SELECT toString(host) AS h FROM {db}.hw_samples WHERE ts_ns >= {{since:Int64}})
+        WHERE h != ''
+        ORDER BY h
+    """
+    return [str(r[0]) for r in store.query_rows(sql, {"since": int(since_ns)})]
+
+
+def hw_series(store: Store, host: str, since_ns: int, until_ns: int, metrics: list[str] | None = None,
+              bucket_s: int | None = None) -> pd.DataFrame:
+    """Hardware samples of one host between ``since_ns`` and ``until_ns``, averaged per time bucket.
+
+    Columns: device (GPU index, -1 = the host itself), metric, t (UTC bucket start), value (mean over
+    the bucket and over the ranks that reported it). ``bucket_s`` defaults to :func:`bucket_for` the
+    span. ``metrics`` limits the metric names (default: all).
+    """
+    if until_ns <= since_ns:
+        raise ValueError(f"until_ns must be > since_ns, got {since_ns}..{until_ns}")
+    b = int(bucket_s or bucket_for((until_ns - since_ns) / 1e9))
+    _check_positive("bucket_s", b)
+    db = store.database
+    sql = f"""
+        SELECT device, toString(metric) AS metric, intDiv(ts_ns, {{b:Int64}}) * {{b:Int64}} AS t_ns,
+               avg(value) AS value
+        FROM {db}.hw_samples
+        WHERE host = {{host:String}} AND ts_ns >= {{since:Int64}} AND ts_ns < {{until:Int64}}
+          AND ({{all:UInt8}} OR metric IN {{metrics:Array(String)}})
+        GROUP BY device, metric, t_ns
+        ORDER BY device, metric, t_ns
+    """
+    df = store.query_df(sql, {"host": host, "since": int(since_ns), "until": int(until_ns), "b": b * 10**9,
+                              "all": int(metrics is None), "metrics": list(metrics or [])})
+    if df.empty:
+        return pd.DataFrame(columns=HW_COLUMNS)
+    df["t"] = _ts(df["t_ns"])
+    return df[HW_COLUMNS].reset_index(drop=True)
+
+
+def hw_latest(store: Store, host: str, since_ns: int, now_ns: int | None = None) -> pd.DataFrame:
+    """The newest value of each (device, metric) of one host since ``since_ns``: :data:`HW_LATEST_COLUMNS`."""
+    db = store.database
+    sql = f"""
+        SELECT device, toString(metric) AS metric, argMax(value, ts_ns) AS last_value, max(ts_ns) AS last_ns
+        FROM {db}.hw_samples
+        WHERE host = {{host:String}} AND ts_ns >= {{since:Int64}}
+        GROUP BY device, metric
+        ORDER BY device, metric
+    """
+    df = store.query_df(sql, {"host": host, "since": int(since_ns)})
+    if df.empty:
+        return pd.DataFrame(columns=HW_LATEST_COLUMNS)
+    df["age_s"] = ((_now(now_ns) - df["last_ns"]) / 1e9).round(1)
+    df = df.rename(columns={"last_value": "value"})
+    return df[HW_LATEST_COLUMNS].reset_index(drop=True)
+
+
+# Trace windows --------------------------------------------------------------------------------------
+
+WINDOWS_COLUMNS = ["window_id", "request_id", "status", "ranks", "first_step", "last_step", "steps", "events",
+                   "truncated_ranks", "start", "end", "duration_s", "updated"]
+WINDOW_RANKS_COLUMNS = ["rank", "status", "first_step", "last_step", "events", "truncated", "start", "end"]
+EVENT_COLUMNS = ["rank", "category", "name", "start_ns", "dur_ns", "device", "stream", "step", "bytes", "attrs"]
+#: Most events one call reads (a window is capped by the ranks' byte budget; this guards the page).
+MAX_EVENTS = 2_000_000
+
+
+def trace_windows(store: Store, job: str, limit: int = 200) -> pd.DataFrame:
+    """One row per trace window of a job (newest first), merged over its ranks: :data:`WINDOWS_COLUMNS`.
+
+    ``status`` is the ranks' common status, or e.g. ``complete ×3, stopped ×1`` when they differ;
+    ``steps`` is last - first + 1; ``truncated_ranks`` counts ranks whose events hit the byte budget.
+    ``request_id`` is the window id without its ``-<k>`` counter.
+    """
+    _check_positive("limit", limit)
+    db = store.database
+    sql = f"""
+        SELECT window_id,
+               arraySort(groupArray(rank)) AS ranks,
+               arraySort(groupArray(toString(status))) AS statuses,
+               min(first_step) AS first_step, max(last_step) AS last_step,
+               min(start_ns) AS start_ns, max(end_ns) AS end_ns,
+               toInt64(sum(events)) AS events, toInt64(sum(truncated)) AS truncated_ranks,
+               max(updated_ns) AS updated_ns
+        FROM (SELECT * FROM {db}.trace_windows WHERE job = {{job:String}}
+              ORDER BY updated_ns DESC LIMIT 1 BY window_id, rank)
+        GROUP BY window_id
+        ORDER BY start_ns DESC, window_id
+        LIMIT {{limit:UInt32}}
+    """
+    df = store.query_df(sql, {"job": job, "limit": int(limit)})
+    if df.empty:
+        return pd.DataFrame(columns=WINDOWS_COLUMNS)
+    df["ranks"] = df["ranks"].map(lambda r: [int(x) for x in r])
+    df["status"] = df["statuses"].map(_merge_statuses)
+    df["request_id"] = df["window_id"].map(lambda w: str(w).rsplit("-", 1)[0])
+    df["steps"] = (df["last_step"] - df["first_step"] + 1).clip(lower=0)
+    df["start"], df["end"], df["updated"] = _ts(df["start_ns"]), _ts(df["end_ns"]), _ts(df["updated_ns"])
+    df["duration_s"] = ((df["end_ns"] - df["start_ns"]).clip(lower=0) / 1e9).round(3)
+    return df[WINDOWS_COLUMNS].reset_index(drop=True)
+
+
+def _merge_statuses(statuses: Any) -> str:
+    counts = pd.Series([str(s) for s in statuses]).value_counts()
+    if len(counts) == 1:
+        return str(counts.index[0])
+    return ", ".join(f"{s} ×{n}" for s, n in counts.items())
+
+
+def trace_window_ranks(store: Store, job: str, window_id: str) -> pd.DataFrame:
+    """The per-rank rows of one window (latest version of each): :data:`WINDOW_RANKS_COLUMNS`."""
+    db = store.database
+    sql = f"""
+        SELECT rank, toString(status) AS status, first_step, last_step, events, truncated = 1 AS truncated,
+               start_ns, end_ns
+        FROM {db}.trace_windows WHERE job = {{job:String}} AND window_id = {{w:String}}
+        ORDER BY rank, updated_ns DESC LIMIT 1 BY rank
+    """
+    df = store.query_df(sql, {"job": job, "w": window_id})
+    if df.empty:
+        return pd.DataFrame(columns=WINDOW_RANKS_COLUMNS)
+    df["truncated"] = df["truncated"].astype(bool)
+    df["start"], df["end"] = _ts(df["start_ns"]), _ts(df["end_ns"])
+    return df[WINDOW_RANKS_COLUMNS].reset_index(drop=True)
+
+
+def trace_events(store: Store, job: str, window_id: str, ranks: list[int] | None = None,
+                 categories: list[str] | None = None, limit: int = MAX_EVENTS) -> pd.DataFrame:
+    """Raw events of one window (all ranks, or ``ranks``; all categories, or ``categories``), by start.
+
+    Columns: :data:`EVENT_COLUMNS`; ``attrs`` is a dict. At most ``limit`` rows (earliest first).
+    """
+    _check_positive("limit", limit)
+    db = store.database
+    sql = f"""
+        SELECT rank, toString(category) AS category, toString(name) AS name, start_ns, dur_ns, device, stream,
+               step, bytes, attrs
+        FROM {db}.trace_events
+        WHERE job = {{job:String}} AND window_id = {{w:String}}
+          AND ({{all_ranks:UInt8}} OR rank IN {{ranks:Array(Int32)}})
+          AND ({{all_cats:UInt8}} OR category IN {{cats:Array(String)}})
+        ORDER BY rank, start_ns
+        LIMIT {{limit:UInt32}}
+    """
+    df = store.query_df(sql, {"job": job, "w": window_id, "all_ranks": int(ranks is None), "ranks": list(ranks or []),
+                              "all_cats": int(categories is None), "cats": list(categories or []),
+                              "limit": int(limit)})
+    if df.empty:
+        return pd.DataFrame(columns=EVENT_COLUMNS)
+    df["attrs"] = df["attrs"].map(lambda a: dict(a) if a else {})
+    return df[EVENT_COLUMNS].reset_index(drop=True)
+
+
+def window_event_ranks(store: Store, job: str, window_id: str, category: str = "python") -> list[int]:
+    """Ranks that have events of ``category`` in a window, sorted."""
+    db = store.database
+    sql = f"""
+        SELECT DISTINCT rank FROM {db}.trace_events
+        WHERE job = {{job:String}} AND window_id = {{w:String}} AND category = {{c:String}}
+        ORDER BY rank
+    """
+    return [int(r[0]) for r in store.query_rows(sql, {"job": job, "w": window_id, "c": category})]
+
+
+# Reports --------------------------------------------------------------------------------------------
+
+REPORTS_COLUMNS = ["job", "window_id", "created", "created_ns", "body"]
+
+
+def reports(store: Store, job: str | None = None, limit: int = 200) -> pd.DataFrame:
+    """Diagnosis reports (latest per job and window), newest first: :data:`REPORTS_COLUMNS`."""
+    _check_positive("limit", limit)
+    db = store.database
+    sql = f"""
+        SELECT toString(job) AS job, window_id, created_ns, body
+        FROM {db}.reports
+        WHERE {{job:String}} = '' OR job = {{job:String}}
+        ORDER BY created_ns DESC LIMIT 1 BY job, window_id
+        LIMIT {{limit:UInt32}}
+    """
+    df = store.query_df(sql, {"job": job or "", "limit": int(limit)})
+    if df.empty:
+        return pd.DataFrame(columns=REPORTS_COLUMNS)
+    df["created"] = _ts(df["created_ns"])
+    return df[REPORTS_COLUMNS].reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """One part of a report body: ``kind`` is ``table`` (a DataFrame), ``fields`` (a two-column
+    DataFrame of name and value) or ``json`` (any JSON value that is neither)."""
+
+    title: str
+    kind: str
+    data: Any
+
+
+def report_sections(body: str | bytes | dict[str, Any]) -> list[ReportSection]:
+    """Split a report's JSON body into renderable sections. Pure; never raises.
+
+    Steps: 1. parse (a body that is not JSON becomes one ``json`` section holding the text);
+    2. top-level scalars and lists of scalars gather into a first ``Summary`` fields section;
+    3. a list of dicts becomes a table (nested values as JSON text); 4. a dict holding lists of
+    dicts is split into sub-sections titled ``parent / key``; any other dict becomes fields.
+    """
+    if isinstance(body, dict):
+        obj: Any = body
+    else:
+        try:
+            obj = json.loads(body)
+        except (TypeError, ValueError):
+            return [ReportSection("Body (not JSON)", "json", body.decode(errors="replace")
+                                  if isinstance(body, bytes) else str(body))]
+    if not isinstance(obj, dict):
+        return [ReportSection("Body", _kind(obj), _section_data(obj))]
+    summary = {k: v for k, v in obj.items() if _scalarish(v)}
+    out = [ReportSection("Summary", "fields", _fields(summary))] if summary else []
+    for key, value in obj.items():
+        if key not in summary:
+            out.extend(_sections(str(key), value))
+    return out
+
+
+def _scalarish(v: Any) -> bool:
+    return not isinstance(v, dict | list) or (isinstance(v, list) and all(not isinstance(x, dict | list) for x in v))
+
+
+def _is_records(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+
+def _kind(v: Any) -> str:
+    return "table" if _is_records(v) else "fields" if isinstance(v, dict) else "json"
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, dict | list):
+        return json.dumps(v, separators=(",", ":"))
+    return v
+
+
+def _section_data(v: Any) -> Any:
+    if _is_records(v):
+        return pd.DataFrame([{str(k): _cell(x) for k, x in r.items()} for r in v])
+    if isinstance(v, dict):
+        return _fields(v)
+    return v
+
+
+def _fields(d: dict[str, Any]) -> pd.DataFrame:
+    return pd.DataFrame({"name": [str(k) for k in d],
+                         "value": [", ".join(map(str, v)) if isinstance(v, list) else
+                                   json.dumps(v) if isinstance(v, dict) else "" if v is None else str(v)
+                                   for v in d.values()]})
+
+
+def _sections(title: str, value: Any) -> list[ReportSection]:
+    if isinstance(value, dict) and any(_is_records(v) or isinstance(v, dict) for v in value.values()):
+        flat = {k: v for k, v in value.items() if _scalarish(v)}
+        out = [ReportSection(title, "fields", _fields(flat))] if flat else []
+        for k, v in value.items():
+            if k not in flat:
+                out.extend(_sections(f"{title} / {k}", v))
+        return out
+    if isinstance(value, list) and not value:
+        return [ReportSection(title, "json", [])]
+    return [ReportSection(title, _kind(value), _section_data(value))]
+
+
+# SQL console ------------------------------------------------------------------------------------------
+
+CONSOLE_MAX_ROWS = 10_000
+CONSOLE_TIMEOUT_S = 10.0
+#: First keywords the console accepts: statements that only read.
+READONLY_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN")
+_LEADING_COMMENTS = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|#[^\n]*(?:\n|\Z)|/\*.*?\*/)*", re.S)
+_OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.I)
+
+
+class SqlRefused(ValueError):
+    """The console refused a statement before sending it (the message says why)."""
+
+
+def check_readonly_sql(sql: str) -> str:
+    """Return the one read-only statement in ``sql`` (leading comments and one trailing ';' removed).
+
+    Raises :class:`SqlRefused` unless it is a single statement starting with one of
+    :data:`READONLY_STATEMENTS`, with no ';' inside and no ``INTO OUTFILE`` (chDB writes files
+    from ``SELECT ... INTO OUTFILE`` even with ``readonly=1``). Strict on purpose: a ';' inside a
+    string literal is refused too.
+    """
+    text = _LEADING_COMMENTS.sub("", sql or "", count=1).rstrip()
+    if text.endswith(";"):
+        text = text[:-1].rstrip()
+    if not text:
+        raise SqlRefused("empty statement")
+    if ";" in text:
+        raise SqlRefused("one statement at a time: remove the ';' inside the query")
+    first = re.match(r"[A-Za-z]+", text)
+    word = first.group(0).upper() if first else text[:12]
+    if word not in READONLY_STATEMENTS:
+        raise SqlRefused(f"{word} is not allowed: the console is read-only "
+                         f"(statements must start with {', '.join(READONLY_STATEMENTS)})")
+    if _OUTFILE.search(text):
+        raise SqlRefused("INTO OUTFILE is not allowed: the console does not write files; use the CSV download")
+    return text
+
+
+def readonly_settings(max_rows: int = CONSOLE_MAX_ROWS, timeout_s: float = CONSOLE_TIMEOUT_S) -> dict[str, Any]:
+    """ClickHouse settings of a console query, ``readonly`` last (once set, no setting can change)."""
+    _check_positive("max_rows", max_rows)
+    _check_positive("timeout_s", timeout_s)
+    return {"max_result_rows": int(max_rows), "result_overflow_mode": "break",
+            "max_result_bytes": 256 * 1024 * 1024, "max_execution_time": float(timeout_s), "readonly": 1}
+
+
+@dataclass(frozen=True)
+class SqlResult:
+    """A console result: at most ``max_rows`` rows; ``truncated`` when ClickHouse had more."""
+
+    sql: str
+    frame: pd.DataFrame
+    truncated: bool
+    elapsed_s: float
+
+
+def run_readonly(store: Store, sql: str, max_rows: int = CONSOLE_MAX_ROWS,
+                 timeout_s: float = CONSOLE_TIMEOUT_S) -> SqlResult:
+    """Run one user-written statement read-only. Blocks up to about ``timeout_s``.
+
+    Raises :class:`SqlRefused` for anything :func:`check_readonly_sql` refuses, and StoreError when
+    ClickHouse refuses or fails (code 164 READONLY for writes, 159 TIMEOUT_EXCEEDED, syntax errors).
+
+    The statement runs on a client of its own, opened for the call, whose default database is the
+    store's (so unqualified table names work). With the embedded engine that client is a separate
+    chDB session and the settings of :func:`readonly_settings` are applied to it by ``SET``: the
+    shared client must never see them, because clickhouse-connect applies per-call settings to some
+    chDB calls by ``SET`` and restores them afterwards, and the restore fails once ``readonly=1`` is
+    on, which would leave the shared session (the sink's, in ``rankscope serve``) read-only for good.
+    Against a server the settings ride with the query.
+    """
+    stmt = check_readonly_sql(sql)
+    settings = readonly_settings(max_rows, timeout_s)
+    t0 = time.perf_counter()
+    ro = _console_client(store)
+    try:
+        if store.embedded:
+            for key, value in settings.items():
+                ro.command(f"SET {key} = {repr(value) if isinstance(value, str) else value}")
+            if str(ro.command("SELECT getSetting('readonly')")).strip() != "1":
+                raise StoreError("the console session did not turn readonly on; refusing to run the query")
+            df = ro.query_df(stmt)
+        else:
+            df = ro.query_df(stmt, settings=settings)
+    finally:
+        ro.close()
+    elapsed = time.perf_counter() - t0
+    truncated = len(df) > max_rows  # overflow mode 'break' stops at a block boundary past the limit
+    return SqlResult(stmt, df.head(max_rows) if truncated else df, truncated, round(elapsed, 3))
+
+
+def _console_client(store: Store) -> Store:
+    import clickhouse_connect
+
+    try:
+        client = clickhouse_connect.get_client(dsn=store.dsn, database=store.database)
+    except Exception as e:
+        raise StoreError(f"cannot open a console session: {type(e).__name__}: {e}") from e
+    return Store(client, store.dsn, database=store.database)
+
+
+#: Saved console queries; ``{db}`` is the database name.
+SQL_EXAMPLES = {
+    "Slowest ranks by median busy time (last 10 min)": """\
+SELECT job, rank, any(host) AS host, uniqExact(step) AS steps,
+       round(quantile(0.5)(busy_ns) / 1e6, 1) AS median_busy_ms,
+       round(quantile(0.5)(duration_ns) / 1e6, 1) AS median_step_ms
+FROM {db}.steps
+WHERE end_ns >= toUnixTimestamp64Nano(now64(9) - INTERVAL 10 MINUTE)
+GROUP BY job, rank
+ORDER BY median_busy_ms DESC
+LIMIT 20""",
+    "Open alerts": """\
+SELECT job, alert_id, kind, severity, ranks, step, summary,
+       fromUnixTimestamp64Nano(opened_ns) AS opened
+FROM (SELECT * FROM {db}.alerts ORDER BY version DESC LIMIT 1 BY job, alert_id)
+WHERE status != 'resolved'
+ORDER BY opened DESC""",
+    "Steps per second per rank (last 5 min)": """\
+SELECT job, rank, uniqExact(step) AS steps, round(steps / 300, 2) AS steps_per_s, max(step) AS last_step
+FROM {db}.steps
+WHERE end_ns >= toUnixTimestamp64Nano(now64(9) - INTERVAL 5 MINUTE)
+GROUP BY job, rank
+ORDER BY job, steps_per_s""",
+    "Top functions by exclusive time in the latest window": """\
+WITH (SELECT argMax((job, window_id), end_ns) FROM {db}.trace_windows) AS latest
+SELECT category, name, uniqExact(rank) AS ranks, sum(count) AS calls,
+       round(sum(exclusive_ns) / 1e6, 2) AS exclusive_ms, round(sum(total_ns) / 1e6, 2) AS total_ms
+FROM {db}.function_summaries FINAL
+WHERE (job, window_id) = latest
+GROUP BY category, name
+ORDER BY exclusive_ms DESC
+LIMIT 25""",
+}
+
+
+def table_columns(store: Store) -> pd.DataFrame:
+    """Tables and columns of the rankscope database (for the console's schema list)."""
+    sql = """
+        SELECT table, name, type FROM system.columns
+        WHERE database = {db:String} AND table != 'schema_migrations'
+        ORDER BY table, position
+    """
+    return store.query_df(sql, {"db": store.database})

@@ -1,4 +1,4 @@
-"""Streamlit helpers shared by the pages: the store, cached queries, calm errors, alert cards.
+"""Streamlit helpers shared by the pages: the store, cached queries, calm errors, alert cards, pickers.
 
 Only the store client is a ``st.cache_resource``; query results are ``st.cache_data`` for about a
 second, so many viewers of one live page cost one query per refresh.
@@ -6,8 +6,10 @@ second, so many viewers of one live page cost one query per refresh.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pandas as pd
@@ -176,3 +178,98 @@ def render_alert(alert: pd.Series, groups: pd.DataFrame, rank_state: dict[int, s
             who = f"ranks {rank_list(list(g.ranks))}"
             st.markdown(f"{f'**{who}**' if g.culprit else who} · thread `{g.thread}` {tag}")
             st.code("\n".join(g.frames) or "(no frames)", language=None)
+
+
+# Pickers shared by pages ----------------------------------------------------------------------------
+
+def pick_param(label: str, options: list[str], param: str, key: str) -> str:
+    """A selectbox kept in step with ``?<param>=``; without the parameter it starts on the value last
+    picked on any page (session state), else the first option. Warns about an unknown value."""
+    wanted = st.query_params.get(param)
+    last = f"_last_{param}"
+    if wanted and wanted not in options:
+        st.warning(f"No data for {param} `{wanted}` yet; pick another {param} below.")
+    elif wanted and (st.session_state.get(f"_{key}_qp") != wanted or key not in st.session_state):
+        st.session_state[key] = wanted
+    elif not wanted and st.session_state.get(last) in options:
+        st.session_state[key] = st.session_state[last]
+    value = st.selectbox(label, options, key=key)
+    st.session_state[f"_{key}_qp"] = value
+    st.session_state[last] = value
+    if st.query_params.get(param) != value:
+        st.query_params[param] = value
+    return value
+
+
+def pick_job(options: list[str], key: str = "job_pick") -> str:
+    """The job picker of the job, trace-window and report pages (``?job=``)."""
+    return pick_param("Job", options, "job", key)
+
+
+#: Time ranges of the picker: key -> (label, seconds); "custom" takes explicit bounds.
+RANGES = {"15m": ("Last 15 min", 900), "1h": ("Last 1 h", 3600), "6h": ("Last 6 h", 6 * 3600),
+          "24h": ("Last 24 h", 86400), "custom": ("Custom", 0)}
+DEFAULT_RANGE = "15m"
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    """A picked time range: relative (the last ``span_s`` seconds) or custom [start_ns, end_ns)."""
+
+    key: str
+    span_s: float
+    start_ns: int = 0
+    end_ns: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.key != "custom":
+            return RANGES[self.key][0].lower()
+        fmt = "%Y-%m-%d %H:%M"
+        return (f"{datetime.fromtimestamp(self.start_ns / 1e9, UTC):{fmt}} – "
+                f"{datetime.fromtimestamp(self.end_ns / 1e9, UTC):{fmt}} UTC")
+
+    def bounds(self, now_ns: int | None = None) -> tuple[int, int]:
+        """(since_ns, until_ns); relative ranges end now."""
+        if self.key == "custom":
+            return self.start_ns, self.end_ns
+        now = -(-time.time_ns() // 10**9) * 10**9 if now_ns is None else int(now_ns)  # whole seconds: shared cache
+        return now - int(self.span_s * 1e9), now
+
+
+def _load(key: str, default: Any) -> None:
+    """Give widget ``key`` its page-independent value: Streamlit drops widget state on a page change,
+    and a widget of the same key on another page is another widget."""
+    st.session_state[key] = st.session_state.get(f"_keep_{key}", default)
+
+
+def _remember(key: str) -> None:
+    st.session_state[f"_keep_{key}"] = st.session_state[key]
+
+
+def time_range(where: Any = None) -> TimeRange:
+    """The time-range picker (last 15 min / 1 h / 6 h / 24 h / custom); the choice follows the user
+    across pages. ``where`` is a container (default: the page body)."""
+    box = where if where is not None else st.container()
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    _load("range_pick", DEFAULT_RANGE)
+    cols = box.columns([2, 2, 2, 2, 2])
+    key = cols[0].selectbox("Time range", list(RANGES), format_func=lambda k: RANGES[k][0], key="range_pick",
+                            on_change=_remember, args=("range_pick",))
+    if key != "custom":
+        return TimeRange(key, float(RANGES[key][1]))
+    defaults = {"range_from_d": (now - timedelta(hours=1)).date(), "range_from_t": (now - timedelta(hours=1)).time(),
+                "range_to_d": now.date(), "range_to_t": now.time()}
+    for k, v in defaults.items():
+        _load(k, v)
+    cols[1].date_input("From (UTC)", key="range_from_d", on_change=_remember, args=("range_from_d",))
+    cols[2].time_input("at", key="range_from_t", step=60, on_change=_remember, args=("range_from_t",))
+    cols[3].date_input("To (UTC)", key="range_to_d", on_change=_remember, args=("range_to_d",))
+    cols[4].time_input("at ", key="range_to_t", step=60, on_change=_remember, args=("range_to_t",))
+    start = datetime.combine(st.session_state["range_from_d"], st.session_state["range_from_t"], UTC)
+    end = datetime.combine(st.session_state["range_to_d"], st.session_state["range_to_t"], UTC)
+    if end <= start:
+        box.warning("The custom range ends before it starts; showing the hour before its end.")
+        start = end - timedelta(hours=1)
+    return TimeRange("custom", (end - start).total_seconds(), int(start.timestamp() * 1e9),
+                     int(end.timestamp() * 1e9))

@@ -5,17 +5,20 @@ from functools import partial
 import altair as alt
 import streamlit as st
 
-from dashboard import ui
+from dashboard import queries, ui
 from rankscope.config import Settings
 
 
-def panel(cfg: Settings) -> None:
+def panel(cfg: Settings, span: ui.TimeRange) -> None:
     jobs = ui.query(cfg, "jobs")
     if jobs.empty:
         st.info(ui.EMPTY_FLEET, icon="🛰️")
         return
     hosts = ui.query(cfg, "hosts")
-    gpu = ui.query(cfg, "gpu_util_series")
+    since, until = span.bounds()
+    window_s = (until - since) / 1e9
+    gpu = ui.query(cfg, "gpu_util_series", window_s=window_s, bucket_s=queries.bucket_for(window_s, points=120),
+                   now_ns=until if span.key == "custom" else None)
     live_ranks = int(hosts["live_ranks"].sum()) if not hosts.empty else 0
     c = st.columns(5)
     c[0].metric("Jobs", len(jobs))
@@ -23,7 +26,7 @@ def panel(cfg: Settings) -> None:
     c[2].metric("Hosts", len(hosts))
     c[3].metric("Open alerts", int(jobs["open_alerts"].sum()))
     c[4].metric("GPU utilisation", f"{gpu['gpu_util'].mean():.0f} %" if not gpu.empty else "n/a",
-                help="Mean over every GPU sample of the last 15 minutes (hw_samples metric gpu_util).")
+                help=f"Mean over every GPU sample of the {span.label} (hw_samples metric gpu_util).")
 
     st.subheader("Jobs")
     shown = jobs.head(24)
@@ -49,10 +52,11 @@ def panel(cfg: Settings) -> None:
         st.caption("No hosts yet.")
     else:
         st.dataframe(
-            hosts.assign(last_seen=hosts["last_seen_age_s"].map(ui.ago)).drop(columns=["last_seen_age_s"]),
+            hosts.assign(last_seen=hosts["last_seen_age_s"].map(ui.ago), link="host?host=" + hosts["host"].astype(str))
+            .drop(columns=["last_seen_age_s"]),
             hide_index=True,
             column_config={
-                "host": "Host", "ranks": "Ranks", "live_ranks": "Live ranks", "jobs": st.column_config.ListColumn("Jobs"),
+                "host": "Host", "link": st.column_config.LinkColumn("Host page", display_text="open"), "ranks": "Ranks", "live_ranks": "Live ranks", "jobs": st.column_config.ListColumn("Jobs"),
                 "gpus": "GPUs",
                 "gpu_util_mean": st.column_config.ProgressColumn("GPU util (mean)", format="%.0f %%",
                                                                  min_value=0, max_value=100),
@@ -64,7 +68,7 @@ def panel(cfg: Settings) -> None:
 
     st.subheader("GPU utilisation")
     if gpu.empty:
-        st.caption("No GPU samples in the last 15 minutes (the hardware sampler sends metric `gpu_util`).")
+        st.caption(f"No GPU samples in the {span.label} (the hardware sampler sends metric `gpu_util`).")
     else:
         chart = (
             alt.Chart(gpu)
@@ -83,4 +87,4 @@ def panel(cfg: Settings) -> None:
 st.title("Fleet overview")
 cfg = ui.connect()
 if cfg is not None:
-    ui.live(cfg, partial(panel, cfg))
+    ui.live(cfg, partial(panel, cfg, ui.time_range()))

@@ -16,19 +16,6 @@ from storage.store import StoreError
 TABLE_MAX_RANKS = queries.HEATMAP_MIN_RANKS
 
 
-def pick_job(options: list[str]) -> str:
-    wanted = st.query_params.get("job")
-    if wanted and wanted not in options:
-        st.warning(f"No data for job `{wanted}` yet; pick another job below.")
-    elif wanted and (st.session_state.get("_job_qp") != wanted or "job_pick" not in st.session_state):
-        st.session_state["job_pick"] = wanted
-    job = st.selectbox("Job", options, key="job_pick")
-    st.session_state["_job_qp"] = job
-    if st.query_params.get("job") != job:
-        st.query_params["job"] = job
-    return job
-
-
 def ranks_table(ranks: pd.DataFrame) -> None:
     view = pd.DataFrame({
         "rank": ranks["rank"].astype(str),
@@ -148,5 +135,5 @@ if cfg is not None:
     if job_list is not None and job_list.empty:
         st.info(ui.EMPTY_FLEET, icon="🛰️")
     elif job_list is not None:
-        chosen = pick_job([str(j) for j in job_list["job"]])
+        chosen = ui.pick_job([str(j) for j in job_list["job"]])
         ui.live(cfg, partial(panel, cfg, chosen))

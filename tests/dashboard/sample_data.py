@@ -7,12 +7,19 @@ Two jobs:
   (open ``hang`` alert, published twice: open then update, with two stack groups).
 - ``bert-finetune`` (world size 2, node-c): healthy, with one resolved ``slow_rank`` alert.
 
+Hardware: ``gpu_util`` for every rank's GPU; node-a and node-b (2 GPUs each) also send every other
+GPU metric and the host metrics (device -1). Trace windows of ``llm-pretrain``: ``WINDOW_ID``
+(ranks 0-3, steps 50-52, rank 2 truncated; Python events as call paths "a;b;c" on ranks 0-2 and as
+plain nested names on rank 3, plus CPU ops and kernels), with function summaries and a report;
+and an older, stopped ``OLD_WINDOW_ID`` on rank 1.
+
 Usable in-process (``populate(store)``) or as a script that fills a chDB directory in its own
 process (chDB locks a directory per process): ``python sample_data.py chdb:///path``.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -39,6 +46,14 @@ WAIT_FRAMES = [
     "train.py:64 train_step",
     "torch/distributed/distributed_c10d.py:2806 all_reduce",
 ]
+WINDOW_ID = "tw0001abcd-0"
+OLD_WINDOW_ID = "tw0000beef-0"
+PY_FUNCTION = "forward"
+GPU_METRICS = {"mem_util": 40.0, "mem_used_bytes": 30e9, "mem_total_bytes": 80e9, "power_w": 350.0, "temp_c": 65.0,
+               "sm_clock_mhz": 1980.0, "pcie_tx_kbps": 2e5, "pcie_rx_kbps": 3e5, "nvlink_tx_kbps": 4e7,
+               "nvlink_rx_kbps": 4.1e7}
+HOST_METRICS = {"cpu_util": 55.0, "mem_used_bytes": 200e9, "mem_total_bytes": 1000e9, "net_tx_bytes_s": 1e8,
+                "net_rx_bytes_s": 1.2e8, "disk_read_bytes_s": 5e7, "disk_write_bytes_s": 2e7}
 
 
 @dataclass(frozen=True)
@@ -111,9 +126,85 @@ def populate(store: Store, now_ns: int | None = None) -> int:
     store.insert("steps", steps_rows)
     store.insert("heartbeats", hb_rows)
     store.insert("worker_stats", stats_rows)
+    hw_rows += _more_hw(now)
     store.insert("hw_samples", hw_rows)
     store.insert("alerts", [_alert_row(a) for a in sample_alerts(now)])
+    windows, events, summaries = _trace_windows(now)
+    store.insert("trace_windows", windows)
+    store.insert("trace_events", events)
+    store.insert("function_summaries", summaries)
+    store.insert("reports", [{"job": HANG_JOB, "window_id": WINDOW_ID, "created_ns": now - 60 * S,
+                              "body": json.dumps(sample_report())}])
     return now
+
+
+def _more_hw(now: int) -> list[dict[str, Any]]:
+    rows = []
+    for r in RANKS:
+        if r.host not in ("node-a", "node-b"):
+            continue
+        for k in range(12):
+            ts = now - (12 - k) * 5 * S
+            for m, v in GPU_METRICS.items():
+                rows.append({"job": r.job, "rank": r.rank, "host": r.host, "device": r.local_rank, "ts_ns": ts,
+                             "metric": m, "value": v * (1 + 0.02 * (k % 3)) + r.local_rank})
+            if r.local_rank == 0:
+                for m, v in HOST_METRICS.items():
+                    rows.append({"job": r.job, "rank": r.rank, "host": r.host, "device": -1, "ts_ns": ts,
+                                 "metric": m, "value": v * (1 + 0.05 * (k % 2))})
+    return rows
+
+
+def _trace_windows(now: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Trace windows, their events and function summaries (see the module docstring)."""
+    start = now - 120 * S
+    windows, events, summaries = [], [], []
+    for rank in range(4):
+        evs = []
+        for step in (50, 51, 52):
+            t = start + (step - 50) * 100 * MS
+            calls = [("main", 0, 100), ("train_step", 2, 95), (PY_FUNCTION, 5, 35), ("backward", 42, 50),
+                     ("loss", 10, 5)]
+            stack = {"main": "main", "train_step": "main;train_step", PY_FUNCTION: f"main;train_step;{PY_FUNCTION}",
+                     "backward": "main;train_step;backward", "loss": f"main;train_step;{PY_FUNCTION};loss"}
+            for name, off, dur in calls:
+                evs.append({"category": "python", "name": name if rank == 3 else stack[name],
+                            "start_ns": t + off * MS, "dur_ns": dur * MS, "device": -1, "stream": -1, "step": step,
+                            "bytes": 0, "attrs": {"tid": "1234"}})
+            evs.append({"category": "cpu_op", "name": "aten::mm", "start_ns": t + 6 * MS, "dur_ns": 3 * MS,
+                        "device": -1, "stream": -1, "step": step, "bytes": 0, "attrs": {"tid": "1234"}})
+            evs.append({"category": "kernel", "name": "sm90_gemm", "start_ns": t + 7 * MS, "dur_ns": 20 * MS,
+                        "device": rank % 2, "stream": 7, "step": step, "bytes": 0, "attrs": {}})
+            evs.append({"category": "collective", "name": "ncclAllReduce", "start_ns": t + 60 * MS,
+                        "dur_ns": 30 * MS, "device": rank % 2, "stream": 13, "step": step, "bytes": 1 << 26,
+                        "attrs": {"collective": "all_reduce"}})
+        events += [{"job": HANG_JOB, "window_id": WINDOW_ID, "rank": rank, **e} for e in evs]
+        windows.append({"job": HANG_JOB, "window_id": WINDOW_ID, "rank": rank, "status": "complete",
+                        "first_step": 50, "last_step": 52, "start_ns": start, "end_ns": start + 300 * MS,
+                        "events": len(evs), "truncated": int(rank == 2), "updated_ns": start + S})
+        for cat, name, n, total, excl in (("python", PY_FUNCTION, 3, 105, 90), ("python", "backward", 3, 150, 150),
+                                          ("kernel", "sm90_gemm", 3, 60, 60)):
+            summaries.append({"job": HANG_JOB, "window_id": WINDOW_ID, "rank": rank, "category": cat, "name": name,
+                              "count": n, "total_ns": total * MS, "median_ns": total * MS // n,
+                              "p95_ns": total * MS // n, "max_ns": total * MS // n, "exclusive_ns": excl * MS,
+                              "window_ns": 300 * MS})
+    windows.append({"job": HANG_JOB, "window_id": OLD_WINDOW_ID, "rank": 1, "status": "stopped", "first_step": 10,
+                    "last_step": 11, "start_ns": now - 500 * S, "end_ns": now - 499 * S, "events": 0,
+                    "truncated": 0, "updated_ns": now - 499 * S})
+    return windows, events, summaries
+
+
+def sample_report() -> dict[str, Any]:
+    """A report body shaped like the analyzer's: scalars, a dict, and lists of dicts."""
+    return {
+        "schema": "rankscope.analyze/1", "job": HANG_JOB, "window_id": WINDOW_ID, "ranks": [0, 1, 2, 3],
+        "convention": {"name": "rankscope", "idle_threshold_us": 10},
+        "temporal_breakdown": [{"rank": r, "idle_time_pctg": 5.0 + r, "compute_time_pctg": 70.0,
+                                "non_compute_time_pctg": 25.0 - r} for r in range(4)],
+        "top_kernels": [{"rank": 0, "name": "sm90_gemm", "sum (us)": 60000.0},
+                        {"rank": 0, "name": "ncclAllReduce", "sum (us)": 90000.0}],
+        "departures_from_hta": {"communication_kernels_not_nccl": 0, "last_step_kept": True},
+    }
 
 
 def sample_alerts(now: int) -> list[Alert]:

@@ -6,6 +6,7 @@ server opens it. Screenshots land in tests/artifacts/. Fails (never skips) witho
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -119,3 +120,49 @@ def test_fleet_to_job_to_alerts(server):
         wait_for_text(page, f"Open job {sd.HANG_JOB}")
         print(f"alerts page ready after {time.monotonic() - t0:.1f} s")
         screenshot(page, "dashboard_alerts")
+
+
+def test_host_traces_reports_sql_pages(server):
+    t0 = time.monotonic()
+    with launch_browser() as page:
+        page.goto(server + "/")
+        wait_for_text(page, "Fleet overview", 60)
+        wait_for_text(page, "Last updated")
+        page.get_by_role("link", name="Host").first.click()   # the sidebar entry
+        wait_for_text(page, "GPUs now")
+        wait_for_text(page, "NVLink")
+        wait_for_text(page, "Disk")
+        assert wait_for_charts(page) == 12
+        print(f"host page ready after {time.monotonic() - t0:.1f} s")
+        screenshot(page, "dashboard_host")
+
+        page.goto(f"{server}/traces?job={sd.HANG_JOB}")
+        wait_for_text(page, "Request a trace window", 60)
+        wait_for_text(page, "Flame graph (Python call paths)")
+        wait_for_text(page, "Chrome / Perfetto trace")
+        assert wait_for_charts(page) == 1  # the flame graph
+        with page.expect_download(timeout=30_000) as dl:
+            page.get_by_role("button", name="Chrome / Perfetto trace").click()
+        trace = json.loads(Path(dl.value.path()).read_text())
+        assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == 96
+        print(f"trace windows page ready after {time.monotonic() - t0:.1f} s")
+        screenshot(page, "dashboard_traces")
+
+        page.goto(f"{server}/reports")
+        wait_for_text(page, "temporal breakdown", 60)
+        wait_for_text(page, sd.WINDOW_ID)
+        print(f"reports page ready after {time.monotonic() - t0:.1f} s")
+        screenshot(page, "dashboard_reports")
+
+        page.goto(f"{server}/sql")
+        wait_for_text(page, "SQL console", 60)
+        page.get_by_role("button", name="Run").click()
+        wait_for_text(page, re.compile(r"\d+ rows? in [\d.]+ s"))
+        page.get_by_label("Query").fill("DROP TABLE rankscope.jobs")
+        page.get_by_role("button", name="Run").click()
+        wait_for_text(page, "DROP is not allowed")
+        page.get_by_label("Query").fill(f"SELECT job, rank, host FROM ranks WHERE job = '{sd.HANG_JOB}' ORDER BY rank")
+        page.get_by_role("button", name="Run").click()
+        wait_for_text(page, "4 rows in")
+        print(f"sql page ready after {time.monotonic() - t0:.1f} s")
+        screenshot(page, "dashboard_sql")

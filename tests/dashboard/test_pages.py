@@ -1,56 +1,25 @@
 """Dashboard tests against a real embedded store (chDB) filled with sample_data.
 
-Unit tests of dashboard/queries.py, then one AppTest smoke test per page. chDB opens one data
-directory per process at a time, so the whole module shares one store and closes it at the end.
+Unit tests of dashboard/queries.py, then one AppTest smoke test per page (fleet, job, alerts; the
+newer pages have their own modules). Fixtures are in conftest.py.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import sample_data as sd
-import streamlit as st
-from streamlit.testing.v1 import AppTest
+from pagetest import open_page, page_text
 
 from dashboard import queries as q
 from dashboard import ui
-from storage.store import Store, StoreLocked, apply_schema, close_store, open_store
+from storage.store import Store, StoreLocked
 
 pytestmark = pytest.mark.clickhouse
 
-APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 S = sd.S
-
-
-@pytest.fixture(scope="module")
-def populated(tmp_path_factory: pytest.TempPathFactory):
-    dsn = f"chdb://{tmp_path_factory.mktemp('dash') / 'clickhouse'}"
-    store = open_store(dsn)
-    now = sd.populate(store)
-    yield store, now
-    ui._store.clear()
-    close_store(dsn)
-
-
-@pytest.fixture
-def store(populated) -> Store:
-    return populated[0]
-
-
-@pytest.fixture
-def now(populated) -> int:
-    return populated[1]
-
-
-@pytest.fixture(scope="module")
-def empty_store(populated) -> Store:
-    """A second database in the same engine, with the schema and no rows."""
-    s = Store(populated[0]._client, populated[0].dsn, database="rankscope_empty")
-    apply_schema(s)
-    return s
 
 
 # queries.py ---------------------------------------------------------------------------------------
@@ -213,39 +182,10 @@ def test_arguments_validated(store):
 
 # Pages (AppTest) ------------------------------------------------------------------------------------
 
-@pytest.fixture
-def app_env(populated, monkeypatch, tmp_path):
-    monkeypatch.setenv("RANKSCOPE_CLICKHOUSE_DSN", populated[0].dsn)
-    monkeypatch.setenv("RANKSCOPE_DATA_DIR", str(tmp_path))
-    # The sample heartbeats stop when populated; keep ranks alive for the length of the module.
-    monkeypatch.setenv("RANKSCOPE_DEAD_AFTER_S", "3600")
-    st.cache_data.clear()
-    yield
-    st.cache_data.clear()
-
-
-def _page(page: str | None = None, **query: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=60)
-    for k, v in query.items():
-        at.query_params[k] = v
-    if page:
-        at.switch_page(page)
-    return at.run()
-
-
-def _text(at: AppTest) -> str:
-    parts = [m.value for m in at.markdown] + [c.value for c in at.code] + [m.value for m in at.caption]
-    parts += [e.value for e in at.info] + [e.value for e in at.warning]
-    parts += [str(m.label) + " " + str(m.value) for m in at.metric]
-    parts += [t.value.to_string() for t in at.table]
-    parts += [str(p.proto.label) for p in at.get("page_link")]
-    return "\n".join(str(p) for p in parts)
-
-
-def test_fleet_page(app_env):
-    at = _page()
+def test_fleetopen_page(app_env):
+    at = open_page()
     assert not at.exception, at.exception
-    text = _text(at)
+    text = page_text(at)
     assert "Fleet overview" in at.title[0].value
     assert f"{sd.HANG_JOB} · 2 open alerts" in text and sd.OK_JOB in text
     assert "Jobs 2" in text and "Hosts 3" in text and "Open alerts 2" in text
@@ -254,14 +194,14 @@ def test_fleet_page(app_env):
 
 
 def test_job_page_shows_states_and_stacks(app_env):
-    at = _page("pages/job.py", job=sd.HANG_JOB)
+    at = open_page("pages/job.py", job=sd.HANG_JOB)
     assert not at.exception, at.exception
     assert at.selectbox[0].value == sd.HANG_JOB
     ranks = at.table[0].value
     assert list(ranks["rank"]) == ["0", "1", "2", "3"]
     states = ranks["state"].str.cat(sep=" ")
     assert "slow" in states and "hung" in states and "running" in states
-    text = _text(at)
+    text = page_text(at)
     assert ":red-badge[hung] rank 3 · :orange-badge[slow] rank 1 · 2 running" in text
     assert "Slow rank 1" in text and "12.5 rank-seconds" in text
     assert "rank 3 :red-badge[hung] at step 57" in text
@@ -271,19 +211,19 @@ def test_job_page_shows_states_and_stacks(app_env):
 
 def test_job_page_large_job_uses_heatmap_and_dataframe(app_env, monkeypatch):
     monkeypatch.setattr(q, "HEATMAP_MIN_RANKS", 2)  # treat the 4-rank job as a large one
-    at = _page("pages/job.py", job=sd.HANG_JOB)
+    at = open_page("pages/job.py", job=sd.HANG_JOB)
     assert not at.exception, at.exception
     assert not at.table  # the ranks table is a (virtualised) dataframe now
     ranks = at.dataframe[0].value
     assert list(ranks["state"]) == ["running", "slow", "running", "hung"]
-    assert ":red-badge[hung] rank 3" in _text(at)
+    assert ":red-badge[hung] rank 3" in page_text(at)
 
 
 def test_job_page_picker_follows_query_param(app_env):
-    at = _page("pages/job.py", job=sd.OK_JOB)
+    at = open_page("pages/job.py", job=sd.OK_JOB)
     assert not at.exception
     assert at.selectbox[0].value == sd.OK_JOB
-    assert "healthy] all 2 ranks running" in _text(at)
+    assert "healthy] all 2 ranks running" in page_text(at)
     at.selectbox[0].select(sd.HANG_JOB).run()
     assert not at.exception
     assert at.query_params["job"] == sd.HANG_JOB
@@ -291,16 +231,16 @@ def test_job_page_picker_follows_query_param(app_env):
 
 
 def test_job_page_unknown_job_warns(app_env):
-    at = _page("pages/job.py", job="no-such-job")
+    at = open_page("pages/job.py", job="no-such-job")
     assert not at.exception
     assert any("no-such-job" in w.value for w in at.warning)
     assert at.selectbox[0].value == sd.HANG_JOB
 
 
-def test_alerts_page(app_env):
-    at = _page("pages/alerts.py")
+def test_alertsopen_page(app_env):
+    at = open_page("pages/alerts.py")
     assert not at.exception, at.exception
-    text = _text(at)
+    text = page_text(at)
     assert "Open 2" in text and "Resolved 1" in text
     assert sd.HANG_FUNCTION in "\n".join(c.value for c in at.code)
     assert f"Open job {sd.HANG_JOB}" in text
@@ -312,18 +252,18 @@ def test_alerts_page(app_env):
 def test_empty_store_says_what_to_do(app_env, monkeypatch):
     monkeypatch.setattr(q, "jobs", lambda store, **kw: pd.DataFrame(columns=q.JOBS_COLUMNS))
     for page in (None, "pages/job.py"):
-        at = _page(page)
+        at = open_page(page)
         assert not at.exception
         assert any("from rankscope import Tracer" in i.value and "make demo" in i.value for i in at.info)
     monkeypatch.setattr(q, "alerts", lambda store, **kw: pd.DataFrame(columns=q.ALERTS_COLUMNS))
-    at = _page("pages/alerts.py")
+    at = open_page("pages/alerts.py")
     assert not at.exception and any("No alerts yet" in i.value for i in at.info)
 
 
 def test_unreachable_store_warns_calmly(app_env, monkeypatch):
     monkeypatch.setenv("RANKSCOPE_CLICKHOUSE_DSN", "http://127.0.0.1:9")
     for page in (None, "pages/job.py", "pages/alerts.py"):
-        at = _page(page)
+        at = open_page(page)
         assert not at.exception, at.exception
         assert any("Cannot open the store" in w.value for w in at.warning)
 
@@ -334,6 +274,16 @@ def test_locked_store_warns_calmly(app_env, monkeypatch):
 
     monkeypatch.setattr(ui, "open_store", locked)
     monkeypatch.setenv("RANKSCOPE_CLICKHOUSE_DSN", "chdb:///locked/elsewhere")
-    at = _page()
+    at = open_page()
     assert not at.exception, at.exception
     assert any("busy" in w.value and "another process" in w.value for w in at.warning)
+
+
+def test_rank_medians_use_each_ranks_last_steps(store):
+    """rank_rows bounds the steps it reads by the slowest rank's last step; the medians stay exact."""
+    got = q.rank_rows(store, sd.HANG_JOB, recent_steps=5).set_index("rank")
+    steps = store.query_df(f"SELECT rank, step, busy_ns FROM {store.database}.steps WHERE job = {{j:String}}",
+                           {"j": sd.HANG_JOB})
+    last5 = steps.sort_values("step").groupby("rank").tail(5)
+    want = (last5.groupby("rank")["busy_ns"].median() / 1e6).round(2)
+    assert got["median_busy_ms"].to_dict() == pytest.approx(want.to_dict())

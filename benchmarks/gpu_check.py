@@ -1,0 +1,265 @@
+"""End-to-end check on a machine with an NVIDIA GPU: ``python -m benchmarks.gpu_check``.
+
+Starts a throw-away local stack (a real broker, no processors), opens a chDB store in a temp dir,
+runs the sink in a thread, trains a small CUDA MLP (one pinned host->device copy per step) under a
+:class:`Tracer` for ``--steps`` steps (with a trace window in the middle when this build has trace
+windows), then prints what arrived in ClickHouse: rows per table and ``hw_samples`` per device and
+metric (n, min, median, max), plus the sampler's cost per sample and the bytes sent per topic.
+The same goes to ``benchmarks/results/gpu_check.json``.
+
+Exit status: 0 when steps and GPU hardware samples arrived, 1 when something is missing, 2 when
+there is no CUDA device (``--cpu`` runs the same pipeline on the CPU, host metrics only, to test
+this script without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _gpu_info() -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            info = {"name": pynvml.nvmlDeviceGetName(h), "driver": pynvml.nvmlSystemGetDriverVersion(),
+                    "count": pynvml.nvmlDeviceGetCount()}
+            try:
+                info["architecture"] = pynvml.nvmlDeviceGetArchitecture(h)
+                info["gpm_supported"] = bool(pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice)
+            except Exception as e:
+                info["gpm_supported"] = f"no ({type(e).__name__})"
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as e:
+        info["nvml_error"] = f"{type(e).__name__}: {e}"
+    return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in info.items()}
+
+
+def _train(tracer: Any, device: str, steps: int, batch: int, width: int, window_at: int) -> dict[str, Any]:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())],
+                                torch.nn.Linear(width, 10)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    host_x = torch.randn(batch, width)
+    host_y = torch.randint(0, 10, (batch,))
+    if device == "cuda":
+        host_x, host_y = host_x.pin_memory(), host_y.pin_memory()
+    window: dict[str, Any] = {"requested": False}
+    times = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        x = host_x.to(device, non_blocking=True)      # H2D copy every step
+        y = host_y.to(device, non_blocking=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        tracer.step()
+        times.append(time.perf_counter() - t0)
+        if step == window_at:
+            window = _request_window(tracer)
+    return {"median_step_ms": round(statistics.median(times) * 1e3, 3), "steps": steps, "window": window}
+
+
+def _request_window(tracer: Any) -> dict[str, Any]:
+    try:
+        import producers.trace_window  # noqa: F401
+    except ImportError:
+        print("trace windows: not available in this build")
+        return {"requested": False, "reason": "not available in this build"}
+    windows = getattr(tracer, "windows", None)
+    if windows is None:
+        print("trace windows: not available in this build")
+        return {"requested": False, "reason": "tracer has no windows"}
+    rid = f"gpucheck-{uuid.uuid4().hex[:6]}"
+    try:
+        windows.handle("trace", rid, {"steps": 10, "lead_ns": 0}, None, time.time_ns())
+        print(f"trace windows: requested {rid} (10 steps; hardware sampling goes to 0.1 s inside it)")
+        return {"requested": True, "request_id": rid}
+    except Exception as e:
+        print(f"trace windows: request failed: {type(e).__name__}: {e}")
+        return {"requested": False, "reason": f"{type(e).__name__}: {e}"}
+
+
+def _wait_for_rows(store: Any, db: str, job: str, steps: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last_hw, stable = -1, 0
+    while time.monotonic() < deadline:
+        try:
+            n_steps = store.query_rows(f"SELECT count() FROM {db}.steps WHERE job = {{j:String}}", {"j": job})[0][0]
+            n_exit = store.query_rows(f"SELECT count() FROM {db}.ranks FINAL WHERE job = {{j:String}} "
+                                      "AND exit_reason != ''", {"j": job})[0][0]
+            n_hw = store.query_rows(f"SELECT count() FROM {db}.hw_samples WHERE job = {{j:String}}", {"j": job})[0][0]
+        except Exception:
+            n_steps = n_exit = n_hw = 0
+        stable = stable + 1 if n_hw == last_hw else 0
+        last_hw = n_hw
+        if n_steps >= steps and n_exit and stable >= 3:
+            return
+        time.sleep(0.5)
+
+
+def _report(store: Any, db: str, job: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    tables = {}
+    for (name,) in store.query_rows("SELECT name FROM system.tables WHERE database = {d:String} "
+                                    "AND engine NOT LIKE '%View%' ORDER BY name", {"d": db}):
+        tables[name] = int(store.query_rows(f"SELECT count() FROM {db}.`{name}`")[0][0])
+    hw = [{"device": int(d), "metric": m, "n": int(n), "min": float(lo), "median": float(med), "max": float(hi)}
+          for d, m, n, lo, med, hi in store.query_rows(
+              f"SELECT device, metric, count(), min(value), quantile(0.5)(value), max(value) "
+              f"FROM {db}.hw_samples WHERE job = {{j:String}} GROUP BY device, metric ORDER BY device, metric",
+              {"j": job})]
+    return tables, hw
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch", type=int, default=8192)
+    p.add_argument("--width", type=int, default=4096)
+    p.add_argument("--cpu", action="store_true", help="run the pipeline on the CPU (no GPU needed; host metrics only)")
+    p.add_argument("--out", default=None, help="JSON result file (default benchmarks/results/gpu_check.json; "
+                   "with --cpu a temp file)")
+    args = p.parse_args(argv)
+
+    import torch
+
+    if args.cpu:
+        device = "cpu"
+        if args.batch == 8192 and args.width == 4096:
+            args.batch, args.width = 256, 256
+        print("gpu_check: --cpu: running on the CPU; no GPU metrics expected")
+    elif not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here (torch.cuda.is_available() is False). This check needs a "
+              "machine with an NVIDIA GPU and driver; `--cpu` runs the same pipeline without one.",
+              file=sys.stderr)
+        return 2
+    else:
+        device = "cuda"
+
+    # Heavy imports in the main thread before any thread starts (FACTS: pandas import race).
+    import clickhouse_connect  # noqa: F401
+    import pandas  # noqa: F401
+    import pyarrow  # noqa: F401
+
+    from benchmarks._stack import local_stack
+    from producers.tracer import Tracer
+    from storage.sink import Sink
+    from storage.store import close_store, open_store
+
+    gpu = _gpu_info() if device == "cuda" else {}
+    if gpu:
+        print(f"gpu_check: {gpu}")
+    job = f"gpucheck-{uuid.uuid4().hex[:6]}"
+    result: dict[str, Any] = {"name": "gpu_check", "device": device, "gpu": gpu, "job": job,
+                              "torch": torch.__version__}
+    problems: list[str] = []
+    t_start = time.monotonic()
+    with local_stack(processors=False) as settings:
+        store = open_store(settings.store_dsn)
+        sink = Sink(settings, store)
+        stop = threading.Event()
+        sink_thread = threading.Thread(target=sink.run, args=(stop,), name="gpu-check-sink", daemon=True)
+        sink_thread.start()
+        try:
+            tracer = Tracer(settings.with_overrides(job_id=job, rank=0, world_size=1, local_rank=0),
+                            install_collective_timing=False, handle_signals=False)
+            sent: Counter[str] = Counter()
+            sent_bytes: Counter[str] = Counter()
+            transport = getattr(tracer, "transport", None)
+            if transport is not None:
+                orig_send = transport.send
+
+                def counting_send(topic: str, key: bytes, value: bytes) -> bool:
+                    short = topic[len(settings.topic_prefix):]
+                    sent[short] += 1
+                    sent_bytes[short] += len(value)
+                    return orig_send(topic, key, value)
+
+                transport.send = counting_send
+            run_t0 = time.monotonic()
+            result["train"] = _train(tracer, device, args.steps, args.batch, args.width,
+                                     window_at=min(args.steps // 4, 50))
+            if result["train"]["window"].get("requested"):
+                time.sleep(3.0)   # let the window's background conversion and sending finish
+            sampler = getattr(tracer, "hw_sampler", None)
+            run_s = time.monotonic() - run_t0
+            tracer.close()
+            result["sampler"] = sampler.stats() if sampler is not None else None
+            result["windows_done"] = getattr(getattr(tracer, "windows", None), "windows_done", None)
+            result["sent"] = {t: {"messages": sent[t], "bytes": sent_bytes[t],
+                                  "bytes_per_message": round(sent_bytes[t] / sent[t], 1)} for t in sorted(sent)}
+            if sent["hw"]:
+                result["hw_bytes_per_s"] = round(sent_bytes["hw"] / run_s, 1)
+            _wait_for_rows(store, store.database, job, args.steps, timeout_s=60)
+        finally:
+            stop.set()
+            sink_thread.join(30)
+        tables, hw = _report(store, store.database, job)
+        result["sink"] = sink.stats()
+        close_store(settings.store_dsn)
+    result["tables"], result["hw_samples"] = tables, hw
+    result["wall_s"] = round(time.monotonic() - t_start, 1)
+
+    # Verdict.
+    if tables.get("steps", 0) < args.steps:
+        problems.append(f"steps: {tables.get('steps', 0)} rows, expected {args.steps}")
+    devices = {r["device"] for r in hw}
+    if device == "cuda" and not any(d >= 0 for d in devices):
+        problems.append("no GPU rows in hw_samples")
+    if -1 not in devices:
+        problems.append("no host rows (device -1) in hw_samples")
+    if device == "cuda" and not any(r["metric"].startswith("gpm_") for r in hw):
+        print("gpu_check: no GPM metrics (needs Hopper or newer and a recent driver)")
+    result["problems"] = problems
+    result["ok"] = not problems
+
+    # Print.
+    print(f"\njob {job} on {device}: {result['train']['steps']} steps, median step "
+          f"{result['train']['median_step_ms']} ms, wall {result['wall_s']} s")
+    print("\nrows per table:")
+    for name, n in tables.items():
+        print(f"  {name:<24}{n:>10}")
+    print(f"\nhw_samples per device (-1 = host):\n  {'device':>6}  {'metric':<28}{'n':>5}{'min':>16}{'median':>16}{'max':>16}")
+    for r in hw:
+        print(f"  {r['device']:>6}  {r['metric']:<28}{r['n']:>5}{r['min']:>16.6g}{r['median']:>16.6g}{r['max']:>16.6g}")
+    if result.get("sampler"):
+        s = result["sampler"]
+        print(f"\nsampler: {s['samples']} samples, {s['messages']} messages, GPU {s['gpu_us_per_sample']} us/sample, "
+              f"host {s['host_us_per_sample']} us/sample, GPU index {s['gpu_index']}")
+    for t, v in result.get("sent", {}).items():
+        print(f"sent {t:<10} {v['messages']:>6} messages {v['bytes']:>10} bytes ({v['bytes_per_message']} B/message)")
+    if "hw_bytes_per_s" in result:
+        print(f"hw bytes per second (this rank): {result['hw_bytes_per_s']}")
+    print(f"trace windows done: {result.get('windows_done')}")
+    import tempfile
+
+    out = Path(args.out or (Path(tempfile.gettempdir()) / "gpu_check_cpu.json" if args.cpu
+                            else RESULTS / "gpu_check.json"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str))
+    print(f"\n{'OK' if result['ok'] else 'PROBLEMS: ' + '; '.join(problems)}  (JSON: {out})")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""AppTest helpers shared by the page tests (a helper module, not a test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
+
+
+def open_page(page: str | None = None, **query: str) -> AppTest:
+    """Run the app on ``page`` (default: the fleet overview) with ``?query`` parameters."""
+    at = AppTest.from_file(APP, default_timeout=60)
+    for k, v in query.items():
+        at.query_params[k] = v
+    if page:
+        at.switch_page(page)
+    return at.run()
+
+
+def page_text(at: AppTest) -> str:
+    """Every text a reader sees: markdown, code, captions, notices, metrics, tables, page links."""
+    parts = [m.value for m in at.markdown] + [c.value for c in at.code] + [m.value for m in at.caption]
+    parts += [e.value for e in at.info] + [e.value for e in at.warning] + [e.value for e in at.error]
+    parts += [str(m.label) + " " + str(m.value) for m in at.metric]
+    parts += [t.value.to_string() for t in at.table]
+    parts += [str(p.proto.label) for p in at.get("page_link")]
+    return "\n".join(str(p) for p in parts)

@@ -1,0 +1,69 @@
+"""Reports: the query, splitting a body into sections, and the page (including its empty state)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import sample_data as sd
+from pagetest import open_page, page_text
+
+from dashboard import queries as q
+
+
+@pytest.mark.clickhouse
+def test_reports_query(store, empty_store):
+    df = q.reports(store)
+    assert list(df.columns) == q.REPORTS_COLUMNS
+    assert list(df["job"]) == [sd.HANG_JOB] and list(df["window_id"]) == [sd.WINDOW_ID]
+    assert json.loads(df["body"].iloc[0])["schema"] == "rankscope.analyze/1"
+    assert q.reports(store, job=sd.OK_JOB).empty
+    assert list(q.reports(empty_store).columns) == q.REPORTS_COLUMNS
+
+
+def test_report_sections_shapes():
+    secs = q.report_sections(json.dumps(sd.sample_report()))
+    by = {s.title: s for s in secs}
+    assert secs[0].title == "Summary" and secs[0].kind == "fields"
+    summary = dict(zip(secs[0].data["name"], secs[0].data["value"], strict=True))
+    assert summary["schema"] == "rankscope.analyze/1" and summary["ranks"] == "0, 1, 2, 3"
+    assert by["temporal_breakdown"].kind == "table" and len(by["temporal_breakdown"].data) == 4
+    assert list(by["top_kernels"].data.columns) == ["rank", "name", "sum (us)"]
+    assert by["convention"].kind == "fields"
+    assert by["departures_from_hta"].kind == "fields"
+
+
+def test_report_sections_nested_and_odd_bodies():
+    body = {"per_rank": {"0": [{"a": 1, "b": {"x": 1}}], "note": "n"}, "empty": [], "mixed": [{"a": 1}, 2]}
+    by = {s.title: s for s in q.report_sections(body)}
+    assert by["per_rank"].kind == "fields" and list(by["per_rank"].data["name"]) == ["note"]
+    assert by["per_rank / 0"].kind == "table" and by["per_rank / 0"].data.iloc[0]["b"] == '{"x":1}'
+    assert list(by["Summary"].data["name"]) == ["empty"] and by["mixed"].kind == "json"
+    [bad] = q.report_sections("not json {")
+    assert bad.kind == "json" and bad.data == "not json {"
+    [arr] = q.report_sections("[1, 2]")
+    assert arr.kind == "json" and arr.data == [1, 2]
+    [recs] = q.report_sections(b'[{"a": 1}]')
+    assert recs.kind == "table" and isinstance(recs.data, pd.DataFrame)
+
+
+@pytest.mark.clickhouse
+def test_reports_page(app_env):
+    at = open_page("pages/reports.py")
+    assert not at.exception, at.exception
+    text = page_text(at)
+    assert sd.WINDOW_ID in text and "1 report" in text
+    subheaders = [s.value for s in at.subheader]
+    assert subheaders[:3] == ["Summary", "convention", "temporal breakdown"]
+    assert len(at.dataframe) == 1 + 5  # the list, then the sections
+    assert at.dataframe[3].value["idle_time_pctg"].tolist() == [5.0, 6.0, 7.0, 8.0]
+    assert at.get("download_button")
+
+
+@pytest.mark.clickhouse
+def test_reports_page_empty_state(app_env, monkeypatch):
+    monkeypatch.setattr(q, "reports", lambda store, **kw: pd.DataFrame(columns=q.REPORTS_COLUMNS))
+    at = open_page("pages/reports.py")
+    assert not at.exception
+    assert any("rankscope trace --job J --steps 3 --auto-analyze" in i.value for i in at.info)
