@@ -7,8 +7,8 @@ Lifecycle (one window at a time per rank):
 2. The training thread, in ``tracer.step()``, starts the profiler at the first step boundary after
    the request's ``start_at_ns`` (so every rank starts at the same step), marks each step with
    ``prof.step()``, and stops after ``steps`` steps. Idle cost: one attribute check per step.
-3. Raw events are taken from the profiler on the training thread (a few ms); conversion, the
-   on-rank summary, byte budgeting and sending happen on a background thread, which then acks
+3. The training thread only stops the profiler; taking its events, conversion, the on-rank
+   summary, byte budgeting and sending happen on a background thread, which then acks
    ``done`` with the event counts and whether the window was truncated.
 Repeating modes: every ``every_s`` seconds, every ``every_steps`` steps, or ``continuous``.
 """
@@ -42,12 +42,15 @@ class _Active:
 
 def default_profiler(request: TraceRequest) -> Any:
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    return profile(activities=activities, with_stack=request.with_stack, record_shapes=request.with_shapes)
+    # A schedule that always records: the window's length is ours to decide, and with a schedule
+    # torch marks every step with a ProfilerStep#N annotation.
+    return profile(activities=activities, with_stack=request.with_stack, record_shapes=request.with_shapes,
+                   schedule=lambda step: ProfilerAction.RECORD)
 
 
 class WindowController:
@@ -69,7 +72,7 @@ class WindowController:
         self._active: _Active | None = None
         self._counts: dict[str, int] = {}
         self.armed = False                      # fast path for step(): anything to do at all?
-        self._work: queue.Queue[tuple[_Active, list[dict[str, Any]], int]] = queue.Queue(maxsize=4)
+        self._work: queue.Queue[tuple[_Active, int]] = queue.Queue(maxsize=4)
         self._worker: threading.Thread | None = None
         self.windows_done = 0
 
@@ -174,16 +177,13 @@ class WindowController:
     def _finish(self, act: _Active, last_step: int) -> None:
         act.profiler.stop()
         end_ns = self._wall_ns()
-        from producers.trace_events import extract_events
-
-        events = extract_events(act.profiler)
         with self._lock:
             self._active = None
             self._rearm()
         self._on_window(False)
         self._ensure_worker()
         try:
-            self._work.put_nowait((act, events, end_ns))
+            self._work.put_nowait((act, end_ns))
         except queue.Full:
             self._ack(act.request.request_id, "rejected", f"window {act.window_id} dropped: sender busy")
 
@@ -202,33 +202,33 @@ class WindowController:
 
     def _work_loop(self) -> None:
         while True:
-            act, events, end_ns = self._work.get()
+            act, end_ns = self._work.get()
             try:
-                self._ship(act, events, end_ns)
+                self._ship(act, end_ns)
             except Exception as e:
                 log.warning("rankscope: sending window %s failed: %s", act.window_id, e)
                 self._ack(act.request.request_id, "rejected", f"window {act.window_id} failed: {e}")
             finally:
                 self._work.task_done()
 
-    def _ship(self, act: _Active, events: list[dict[str, Any]], end_ns: int) -> None:
-        from producers.trace_events import chunk, summarize, to_columnar
+    def _ship(self, act: _Active, end_ns: int) -> None:
+        from producers.trace_events import chunk, extract_events, summarize, summary_body, to_columnar
 
+        events = extract_events(act.profiler)  # off the training thread: the profiler has stopped
+        act.profiler = None
         cols = to_columnar(events, act.window_id, act.first_step)
-        summary = summarize(cols)
         budget = act.request.byte_budget or self._byte_budget
         bodies, truncated, sent = chunk(cols, budget)
         for body in bodies:
             self._send_trace("trace", body)
-        last_step = act.first_step + act.steps_done - 1
-        total = len(cols.get("start_ns", []))
-        self._send_summary("summary", {
-            "window_id": act.window_id, "functions": summary, "first_step": act.first_step, "last_step": last_step,
-            "start_ns": act.start_ns, "end_ns": end_ns, "events_total": total, "events_sent": sent,
-            "truncated": bool(truncated), "status": "stopped" if act.stop_requested else "complete",
-            "request_id": act.request.request_id})
+        body = summary_body(cols, summarize(cols), events_sent=sent, truncated=truncated,
+                            status="stopped" if act.stop_requested else "complete")
+        body.update(request_id=act.request.request_id, request_ranks=act.request.ranks,
+                    arrivals=collective_arrivals(cols))
+        self._send_summary("summary", body)
         self.windows_done += 1
-        detail = (f"window {act.window_id}: steps {act.first_step}-{last_step}, {sent}/{total} events sent"
+        total = body["events_total"]
+        detail = (f"window {act.window_id}: steps {body['first_step']}-{body['last_step']}, {sent}/{total} events sent"
                   + (f", TRUNCATED to the {budget}-byte budget" if truncated else ""))
         self._ack(act.request.request_id, "done", detail, window_id=act.window_id, truncated=bool(truncated))
 
@@ -241,3 +241,24 @@ class WindowController:
         deadline = time.monotonic() + timeout_s
         while self._work.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def collective_arrivals(cols: dict[str, Any], limit: int = 5000) -> dict[str, list[Any]]:
+    """When this rank called each collective (host side, ``c10d::*`` ops): the k-th call of each name
+    on every rank is the same collective, so the processors can tell who arrived last."""
+    from producers.trace_events import COLLECTIVE
+
+    ev, names = cols["events"], cols["names"]
+    out: dict[str, list[Any]] = {"name": [], "seq": [], "start_ns": []}
+    seen: dict[str, int] = {}
+    order = sorted((s, i) for i, (c, s) in enumerate(zip(ev["category"], ev["start_ns"], strict=True)) if c == COLLECTIVE)
+    for start, i in order:
+        name = names[ev["name"][i]]
+        if not name.startswith("c10d::") or len(out["name"]) >= limit:
+            continue
+        k = seen.get(name, 0)
+        seen[name] = k + 1
+        out["name"].append(name)
+        out["seq"].append(k)
+        out["start_ns"].append(int(start))
+    return out

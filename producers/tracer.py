@@ -32,6 +32,7 @@ from typing import Any
 
 from producers.collectives import CommTimer, install, register_ddp_hook, uninstall
 from producers.control import ControlListener
+from producers.hw import HardwareSampler
 from producers.identity import RankIdentity, resolve_identity
 from producers.stacks import all_thread_stacks
 from producers.trace_window import WindowController
@@ -91,6 +92,16 @@ class Tracer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, name="rankscope-heartbeat", daemon=True)
         self._thread.start()
+        # Hardware sampler (producers/hw.py): its own thread, HW topic, key "job/rank".
+        self.hw_sampler: HardwareSampler | None = None
+        if self.settings.hw_sample_s > 0:
+            hw_topic = Topic.HW.name_for(self.settings)
+            try:
+                self.hw_sampler = HardwareSampler(
+                    self.settings, self.identity,
+                    lambda kind, body: self._send_to(hw_topic, rank_key, kind, body), self.clock).start()
+            except Exception as e:
+                log.warning("rankscope: hardware sampling off: %s: %s", type(e).__name__, e)
         atexit.register(self._atexit)
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -152,6 +163,8 @@ class Tracer:
             if self.control is not None:
                 self.control.stop()
             self.windows.drain(self.settings.flush_timeout_s / 2)
+            if self.hw_sampler is not None:
+                self.hw_sampler.stop()
             self._send_steps()
             self._send("exit", {"step": self._step, "reason": reason, "detail": detail[:2000]})
             self.transport.close(self.settings.flush_timeout_s)

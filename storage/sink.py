@@ -72,9 +72,9 @@ _client_log = logging.getLogger("rankscope.kafka.client.sink")
 _client_log.addFilter(_RepeatFilter())
 
 STAGE = "sink"
-SINK_TOPICS = (Topic.STEPS, Topic.STATS, Topic.ALERTS, Topic.DEADLETTER, Topic.HW)
+SINK_TOPICS = (Topic.STEPS, Topic.STATS, Topic.ALERTS, Topic.DEADLETTER, Topic.HW, Topic.TRACES, Topic.SUMMARIES)
 # Kinds the sink stores; other valid kinds on its topics are counted as skipped.
-STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw"})
+STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", "summary"})
 
 _I64 = (-(2**63), 2**63 - 1)
 _I32 = (-(2**31), 2**31 - 1)
@@ -94,6 +94,12 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
                "resolved_ns", "version", "summary", "lost_rank_seconds", "body"),
     "alert_events": ("alert_id", "job", "kind", "status", "version", "updated_ns", "body"),
     "deadletters": ("ts_ns", "source_topic", "partition", "offset", "stage", "reason", "detail", "payload_b64"),
+    "trace_events": ("job", "window_id", "rank", "category", "name", "start_ns", "dur_ns", "device", "stream", "step",
+                     "bytes", "attrs"),
+    "function_summaries": ("job", "window_id", "rank", "category", "name", "count", "total_ns", "median_ns",
+                           "p95_ns", "max_ns", "exclusive_ns", "window_ns"),
+    "trace_windows": ("job", "window_id", "rank", "status", "first_step", "last_step", "start_ns", "end_ns", "events",
+                      "truncated", "updated_ns"),
 }
 # Insert order: facts first, then the upserts that summarise them.
 TABLE_ORDER = (*TABLE_COLUMNS, "ranks", "jobs")
@@ -235,6 +241,131 @@ def hw_columns(env: Envelope, out: Columns) -> None:
             if v is not None:
                 out.add_row(job=env.job, rank=env.rank, host=env.host, device=d, ts_ns=t, metric=name,
                             value=_float(v, f"hw.metrics[{name!r}]"))
+
+
+TRACE_INT_COLUMNS = ("category", "name", "start_delta_ns", "dur_ns", "device", "stream", "step", "bytes", "path")
+_TRACE_I32 = frozenset({"device", "stream"})
+
+
+def _int_list(values: Any, name: str, n: int, bounds: tuple[int, int] = _I64) -> list[int]:
+    if not isinstance(values, list) or len(values) != n:
+        raise InvalidMessage("bad_body", f"{name} must be a list of {n} values")
+    if not all(type(v) is int for v in values):
+        raise InvalidMessage("bad_body", f"{name} holds a non-integer")
+    _check_range(values, name, bounds)
+    return values
+
+
+def _str_list(values: Any, name: str) -> list[str]:
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise InvalidMessage("bad_body", f"{name} must be a list of strings")
+    return values
+
+
+def _attr_map(a: Any, name: str) -> dict[str, str]:
+    if a is None:
+        return {}
+    if not isinstance(a, dict):
+        raise InvalidMessage("bad_body", f"{name} is {type(a).__name__}, expected map or nil")
+    return {str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":")) for k, v in a.items()}
+
+
+def trace_columns(env: Envelope, out: Columns) -> int:
+    """A ``trace`` chunk (producers/trace_events.py ``chunk``) -> ``trace_events`` rows. Returns the row count.
+
+    Each chunk is self-contained: its own ``categories``, ``names``, ``paths`` and ``tids`` tables.
+    Times: ``start_ns = t0_ns + cumulative sum of start_delta_ns``. Names: ``names[name]``, except python
+    events, named by their call path ``"root;...;leaf"`` resolved through ``paths`` ([parent, name]).
+    ``attrs`` maps become ``Map(String, String)`` (non-string values as compact JSON). The chunk is
+    validated whole before any row is appended, so a bad chunk adds nothing.
+    """
+    b = env.body
+    window_id = _str(b["window_id"], "trace.window_id")
+    ev = b["events"]
+    cats = _str_list(b.get("categories"), "trace.categories")
+    names = _str_list(b.get("names"), "trace.names")
+    paths = b.get("paths", [])
+    if not isinstance(paths, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p) for p in paths):
+        raise InvalidMessage("bad_body", "trace.paths must be a list of [parent, name] pairs")
+    if not isinstance(ev.get("category"), list):
+        raise InvalidMessage("bad_body", "trace.events.category missing")
+    n = len(ev["category"])
+    cols = {c: _int_list(ev.get(c), f"trace.events.{c}", n, _I32 if c in _TRACE_I32 else _I64)
+            for c in TRACE_INT_COLUMNS}
+    if not n:
+        return 0
+    attrs_in = ev.get("attrs", [None] * n)
+    if not isinstance(attrs_in, list) or len(attrs_in) != n:
+        raise InvalidMessage("bad_body", f"trace.events.attrs must be a list of {n} values")
+    if not all(0 <= c < len(cats) for c in cols["category"]):
+        raise InvalidMessage("bad_body", "trace.events.category outside the categories table")
+    if not all(0 <= i < len(names) for i in cols["name"]):
+        raise InvalidMessage("bad_body", "trace.events.name outside the names table")
+    if any(not -1 <= p < len(paths) for p in cols["path"]):
+        raise InvalidMessage("bad_body", "trace.events.path outside the paths table")
+    # Call paths: resolve each used id once (parents first, iteratively; a cycle is an error).
+    resolved: dict[int, str] = {}
+    for pid in set(cols["path"]) - {-1}:
+        chain: list[int] = []
+        p = pid
+        while p >= 0 and p not in resolved:
+            if p >= len(paths) or len(chain) > len(paths) or not 0 <= paths[p][1] < len(names):
+                raise InvalidMessage("bad_body", f"trace.paths entry {p} is malformed")
+            chain.append(p)
+            p = paths[p][0]
+        prefix = resolved.get(p)
+        for q in reversed(chain):
+            leaf = names[paths[q][1]]
+            prefix = leaf if prefix is None else f"{prefix};{leaf}"
+            resolved[q] = prefix
+    t0 = _int(b.get("t0_ns"), "trace.t0_ns")
+    starts, t = [], t0
+    for d in cols["start_delta_ns"]:
+        t += d
+        starts.append(t)
+    _check_range(starts, "trace.start_ns")
+    cat_names = [cats[c] for c in cols["category"]]
+    row_names = [resolved[p] if p >= 0 else names[i] for i, p in zip(cols["name"], cols["path"], strict=True)]
+    attrs = [_attr_map(a, "trace.events.attrs[]") for a in attrs_in]
+    out.extend(n, job=env.job, window_id=window_id, rank=env.rank, category=cat_names, name=row_names,
+               start_ns=starts, dur_ns=cols["dur_ns"], device=cols["device"], stream=cols["stream"],
+               step=cols["step"], bytes=cols["bytes"], attrs=attrs)
+    return n
+
+
+SUMMARY_INT_COLUMNS = ("count", "total_ns", "median_ns", "p95_ns", "max_ns", "exclusive_ns")
+
+
+def summary_columns(env: Envelope, out: Columns) -> dict[str, Any]:
+    """A ``summary`` message -> ``function_summaries`` rows (appended to ``out``) and the window's
+    ``trace_windows`` row (returned). ``events`` in that row is ``events_sent``: the number of
+    ``trace_events`` rows the window should have; ``truncated`` says whether the rank left some out."""
+    b = env.body
+    window_id = _str(b["window_id"], "summary.window_id")
+    f = b["functions"]
+    cats = _str_list(f.get("category"), "summary.functions.category")
+    n = len(cats)
+    fnames = _str_list(f.get("name"), "summary.functions.name")
+    if len(fnames) != n:
+        raise InvalidMessage("bad_body", f"summary.functions.name has {len(fnames)} values, category has {n}")
+    cols = {c: _int_list(f.get(c), f"summary.functions.{c}", n) for c in SUMMARY_INT_COLUMNS}
+    start_ns = _int(b.get("start_ns"), "summary.start_ns")
+    end_ns = _int(b.get("end_ns"), "summary.end_ns")
+    window_ns = _int(f.get("window_ns", end_ns - start_ns), "summary.functions.window_ns")
+    truncated = b.get("truncated", False)
+    if not isinstance(truncated, bool):
+        raise InvalidMessage("bad_body", f"summary.truncated is {type(truncated).__name__}, expected bool")
+    window = {"job": env.job, "window_id": window_id, "rank": env.rank,
+              "status": _str(b.get("status", "done"), "summary.status"),
+              "first_step": _int(b.get("first_step", -1), "summary.first_step"),
+              "last_step": _int(b.get("last_step", -1), "summary.last_step"), "start_ns": start_ns, "end_ns": end_ns,
+              "events": _int(b.get("events_sent", b.get("events_total", 0)), "summary.events_sent"),
+              "truncated": int(truncated), "updated_ns": env.sent_ns}
+    if n:
+        out.extend(n, job=env.job, window_id=window_id, rank=env.rank, category=cats, name=fnames,
+                   window_ns=window_ns, **cols)
+    return window
 
 
 def alert_rows(alert: Alert) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -407,6 +538,7 @@ class Sink:
         self._rows: Counter[str] = Counter()
         self._counts: Counter[str] = Counter()
         self._last_commit: dict[str, Any] = {}
+        self._assignment: list[str] = []
         self._dlq_failures = 0
 
     # Public interface ---------------------------------------------------------------------------
@@ -453,13 +585,14 @@ class Sink:
         return taken
 
     def stats(self) -> dict[str, Any]:
-        """Counters: rows written per table, messages, batches, dead letters, retries, last commit."""
+        """Counters: rows written per table, messages, batches, dead letters, store errors, the last
+        commit and the current assignment. Safe from any thread (unlike the consumer itself)."""
         with self._lock:
             return {"rows": dict(self._rows), "counts": dict(self._counts),
                     "batches": self._counts["batches"], "messages": self._counts["messages"],
                     "dead_letters": self.dead_letters.total(), "dead_letter_reasons": self.dead_letters.snapshot(),
                     "store_errors": self._counts["store_errors"], "pending_retry": self._pending is not None,
-                    "last_commit": dict(self._last_commit)}
+                    "last_commit": dict(self._last_commit), "assignment": list(self._assignment)}
 
     def close(self) -> None:
         """Write the open batch (one attempt; uncommitted if it fails), flush dead letters and leave the
@@ -568,6 +701,14 @@ class Sink:
             before = cols.rows
             hw_columns(env, cols)
             batch.rows += cols.rows - before
+        elif kind == "trace":
+            batch.rows += trace_columns(env, batch.table("trace_events"))
+        elif kind == "summary":
+            cols = batch.table("function_summaries")
+            before = cols.rows
+            window = summary_columns(env, cols)
+            batch.rows += cols.rows - before
+            self._add_row(batch, "trace_windows", window)
 
     def _add_row(self, batch: Batch, table: str, row: dict[str, Any]) -> None:
         batch.table(table).add_row(**row)
@@ -733,11 +874,15 @@ class Sink:
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         log.info("sink: assigned %s", [(p.topic, p.partition) for p in partitions])
+        with self._lock:
+            self._assignment = sorted(f"{p.topic}[{p.partition}]" for p in partitions)
         if self._paused and partitions:
             consumer.pause(partitions)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         log.info("sink: revoked %s", [(p.topic, p.partition) for p in partitions])
+        with self._lock:
+            self._assignment = []
         batch = self._pending or self._batch
         self._pending = self._batch = None
         if batch is not None and batch.messages:

@@ -19,7 +19,18 @@ from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
-from storage.sink import Columns, InvalidMessage, RetryPolicy, Sink, hw_columns, merge_rank, steps_columns
+from storage.sink import (
+    TABLE_COLUMNS,
+    Columns,
+    InvalidMessage,
+    RetryPolicy,
+    Sink,
+    hw_columns,
+    merge_rank,
+    steps_columns,
+    summary_columns,
+    trace_columns,
+)
 from storage.store import Store, StoreError, close_store, open_store
 
 DEADLINE_S = 60.0
@@ -127,6 +138,103 @@ def test_merge_rank_carries_fields_forward_and_detects_restart() -> None:
     assert (s["pid"], s["last_step"], s["exit_reason"]) == (5, 7, "signal")
     merge_rank(s, {"host": "h2", "pid": 9, "last_seen_ns": 40, "last_step": 2})          # restarted rank
     assert (s["host"], s["pid"], s["last_step"], s["exit_reason"], s["world_size"]) == ("h2", 9, 2, "", 4)
+
+
+def _trace_window() -> tuple[list[bytes], bytes]:
+    """A small window made by producers/trace_events.py: trace chunks and the summary message."""
+    from producers.trace_events import chunk, summarize, summary_body, to_columnar
+
+    t = T0
+    events = [
+        {"type": "user_annotation", "name": "ProfilerStep#0", "start_ns": t, "dur_ns": 1000, "tid": 7},
+        {"type": "python_function", "name": "train.py(3): main", "start_ns": t + 1, "dur_ns": 900, "tid": 7,
+         "py_id": 1, "py_parent": -1},
+        {"type": "python_function", "name": "train.py(9): step", "start_ns": t + 2, "dur_ns": 800, "tid": 7,
+         "py_id": 2, "py_parent": 1},
+        {"type": "cpu_op", "name": "aten::mm", "start_ns": t + 10, "dur_ns": 300, "tid": 7, "corr": 3},
+        {"type": "user_annotation", "name": "gloo:all_reduce", "start_ns": t + 400, "dur_ns": 50, "tid": 8,
+         "shapes": [[4, 4]], "dtypes": ["float"]},
+        {"type": "kernel", "name": "gemm", "start_ns": t + 500, "dur_ns": 100, "device": 1, "stream": 7,
+         "corr": 99, "linked": 3, "meta": {"grid": [1, 2, 3], "block": [32, 1, 1]}},
+    ]
+    col = to_columnar(events, "win-1", 40)
+    bodies, truncated, sent = chunk(col, 1_000_000, max_chunk_bytes=400)
+    traces = [encode(env("trace", b, rank=1, seq=i, sent_ns=t + 2000)) for i, b in enumerate(bodies)]
+    summary = encode(env("summary", summary_body(col, summarize(col), events_sent=sent, truncated=truncated),
+                         rank=1, seq=len(bodies), sent_ns=t + 3000))
+    return traces, summary
+
+
+def test_trace_and_summary_rows() -> None:
+    from rankscope.wire import decode
+
+    traces, summary = _trace_window()
+    assert len(traces) > 1  # self-contained chunks, each with its own tables
+    cols = Columns(TABLE_COLUMNS["trace_events"])
+    assert sum(trace_columns(decode(m), cols) for m in traces) == 6
+    rows = sorted(zip(*(cols.data[c] for c in ("category", "name", "start_ns", "dur_ns", "device", "stream",
+                                                  "step", "bytes", "attrs")), strict=True), key=lambda r: r[2])
+    assert rows == [
+        ("annotation", "ProfilerStep#0", T0, 1000, -1, -1, 40, 0, {}),
+        ("python", "train.py(3): main", T0 + 1, 900, -1, -1, 40, 0, {}),
+        ("python", "train.py(3): main;train.py(9): step", T0 + 2, 800, -1, -1, 40, 0, {}),
+        ("cpu_op", "aten::mm", T0 + 10, 300, -1, -1, 40, 0, {}),
+        ("collective", "gloo:all_reduce", T0 + 400, 50, -1, -1, 40, 64,
+         {"op": "allreduce", "in_nelems": "16", "dtype": "float"}),
+        ("kernel", "gemm", T0 + 500, 100, 1, 7, 40, 0, {"grid": "[1,2,3]", "block": "[32,1,1]"}),
+    ]
+    assert set(cols.data["window_id"]) == {"win-1"} and set(cols.data["rank"]) == {1}
+
+    fcols = Columns(TABLE_COLUMNS["function_summaries"])
+    window = summary_columns(decode(summary), fcols)
+    assert window == {"job": "job-a", "window_id": "win-1", "rank": 1, "status": "done", "first_step": 40,
+                      "last_step": 40, "start_ns": T0, "end_ns": T0 + 1000, "events": 6, "truncated": 0,
+                      "updated_ns": T0 + 3000}
+    by_name = {n: i for i, n in enumerate(fcols.data["name"])}
+    i = by_name["train.py(3): main;train.py(9): step"]
+    assert (fcols.data["category"][i], fcols.data["count"][i], fcols.data["total_ns"][i],
+            fcols.data["exclusive_ns"][i], fcols.data["window_ns"][i]) == ("python", 1, 800, 500, 1000)
+    assert fcols.rows == 6
+
+    # A malformed chunk is refused whole: nothing is appended.
+    bad = decode(traces[0])
+    bad.body["events"]["name"][0] = 999
+    before = cols.rows
+    with pytest.raises(InvalidMessage, match="names table"):
+        trace_columns(bad, cols)
+    bad = decode(traces[0])
+    bad.body["paths"] = [[0, 0]] * len(bad.body["paths"])  # a cycle
+    if any(p >= 0 for p in bad.body["events"]["path"]):
+        with pytest.raises(InvalidMessage, match="malformed"):
+            trace_columns(bad, cols)
+    assert cols.rows == before
+    bad = decode(summary)
+    bad.body["functions"]["count"] = bad.body["functions"]["count"][:-1]
+    with pytest.raises(InvalidMessage):
+        summary_columns(bad, Columns(TABLE_COLUMNS["function_summaries"]))
+
+
+@pytest.mark.clickhouse
+def test_trace_and_summary_rows_insert_into_chdb(tmp_path: Path) -> None:
+    from rankscope.wire import decode
+
+    traces, summary = _trace_window()
+    tables = {t: Columns(TABLE_COLUMNS[t]) for t in ("trace_events", "function_summaries", "trace_windows")}
+    for m in traces:
+        trace_columns(decode(m), tables["trace_events"])
+    tables["trace_windows"].add_row(**summary_columns(decode(summary), tables["function_summaries"]))
+    dsn = f"chdb://{tmp_path / 'ch'}"
+    store = open_store(dsn)
+    try:
+        for name, cols in tables.items():
+            assert store.insert_columns(name, cols.data) == cols.rows
+        db = store.database
+        assert store.query_rows(f"SELECT name, attrs['op'], bytes FROM {db}.trace_events "
+                                "WHERE category = 'collective'") == [("gloo:all_reduce", "allreduce", 64)]
+        assert store.query_rows(f"SELECT events, truncated, first_step FROM {db}.trace_windows") == [(6, 0, 40)]
+        assert int(store.query_rows(f"SELECT count() FROM {db}.function_summaries")[0][0]) == 6
+    finally:
+        close_store(dsn)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,7 +504,8 @@ def test_two_sinks_in_one_group_rebalance_without_loss(sink_settings: Settings) 
         sinks.append(Sink(s, store))
         threads.append(threading.Thread(target=sinks[1].run, args=(stop,), daemon=True))
         threads[1].start()
-        wait_until("the second sink got partitions", lambda: bool(sinks[1]._consumer.assignment()))
+        # (consumer methods must not be called from another thread: assignment() from here hangs)
+        wait_until("the second sink got partitions", lambda: bool(sinks[1].stats()["assignment"]))
         produce(s, phase(per_phase))
         total = len(jobs) * 2 * per_phase
         wait_until("second half stored", lambda: count(store, "SELECT count() FROM rankscope.steps FINAL") >= total)
