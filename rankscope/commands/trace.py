@@ -70,7 +70,7 @@ def parse_duration(spec: str) -> float:
 
 def known_ranks(settings: Settings, job: str, timeout_s: float = 5.0) -> dict[str, list[int]]:
     """Jobs and their ranks, from the latest stats published by the processors (tail of the stats topic)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     topic = Topic.STATS.name_for(settings)
     c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rankscope-cli-{uuid.uuid4().hex[:8]}",
@@ -80,15 +80,19 @@ def known_ranks(settings: Settings, job: str, timeout_s: float = 5.0) -> dict[st
         md = c.list_topics(topic, timeout=timeout_s)
         parts = list(md.topics[topic].partitions) if topic in md.topics else []
         assign = []
+        ends: dict[int, int] = {}
         for p in parts:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            try:
+                lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            except KafkaException:  # partition leader not elected yet (new topic): nothing to read there
+                continue
             if hi > lo:
                 assign.append(TopicPartition(topic, p, max(lo, hi - 2000)))
+                ends[p] = hi
         if not assign:
             return jobs
         c.assign(assign)
         remaining = {tp.partition for tp in assign}
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in remaining}
         deadline = time.monotonic() + timeout_s
         while remaining and time.monotonic() < deadline:
             msg = c.poll(0.2)

@@ -11,7 +11,8 @@ Definitions (README "Diagnosis metrics"):
 - abnormal = robust z-score across workers (median, MAD x 1.4826, scale floored at 5% of the
   median) above ``z_threshold``, and, for memory ops, CUDA runtime and Python functions,
   PerfTracker's floor: the value is at least 1% of the window;
-- busy time of a worker = exclusive time of everything but collectives and annotations; slow
+- busy time of a worker = exclusive time of kernels, memory ops, runtime calls and CPU ops (not
+  collectives, annotations or Python self time, which is mostly waiting); slow
   workers have abnormal busy time; the cost of a slow worker's function = its excess over the
   median of the other workers x world size (every rank waits for it), in rank-seconds.
 Everything here is pure: DataFrames in, a JSON-able dict out.
@@ -27,6 +28,8 @@ import pandas as pd
 GPU_CATS = ("kernel",)
 MEM_CATS = ("memcpy", "memset")
 COMPUTE_CATS = ("kernel", "cpu_op", "python", "memcpy", "memset", "runtime")
+BUSY_CATS = ("kernel", "cpu_op", "memcpy", "memset", "runtime")   # python self time is mostly waiting
+OWN_FRAMES = "producers/"   # rankscope's own threads and wrappers are not the user's functions
 FLOOR = 0.01
 
 
@@ -68,6 +71,7 @@ def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, 
     if summaries.empty:
         raise ValueError("no summaries for this window")
     df = summaries.copy()
+    df = df[~((df["category"] == "python") & df["name"].astype(str).str.contains(OWN_FRAMES, regex=False))]
     ranks = sorted(int(r) for r in df["rank"].unique())
     world = world_size or len(ranks)
     window = df.groupby("rank")["window_ns"].max().reindex(ranks).astype(float)
@@ -158,10 +162,7 @@ def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, 
     else:
         report["not_applicable"].append("python_functions: no Python stacks in this window")
     # Slow workers and causes --------------------------------------------------------------------
-    compute = df[df["category"].isin(COMPUTE_CATS)]
-    busy = compute[compute["category"] != "python"].groupby("rank")["exclusive_ns"].sum()
-    busy = busy.add(compute[compute["category"] == "python"].groupby("rank")["exclusive_ns"].sum(), fill_value=0)
-    busy = busy.reindex(ranks, fill_value=0).astype(float)
+    busy = _per_rank(df, BUSY_CATS, "exclusive_ns", ranks)
     slow = []
     if len(ranks) >= 3:
         z = robust_z(busy)
