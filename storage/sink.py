@@ -72,7 +72,8 @@ _client_log = logging.getLogger("rankscope.kafka.client.sink")
 _client_log.addFilter(_RepeatFilter())
 
 STAGE = "sink"
-SINK_TOPICS = (Topic.STEPS, Topic.STATS, Topic.ALERTS, Topic.DEADLETTER, Topic.HW, Topic.TRACES, Topic.SUMMARIES)
+SINK_TOPICS = (Topic.STEPS, Topic.STATS, Topic.ALERTS, Topic.DEADLETTER, Topic.HW, Topic.TRACES, Topic.SUMMARIES,
+               Topic.REPORTS)
 # Kinds the sink stores; other valid kinds on its topics are counted as skipped.
 STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", "summary"})
 
@@ -94,6 +95,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
                "resolved_ns", "version", "summary", "lost_rank_seconds", "body"),
     "alert_events": ("alert_id", "job", "kind", "status", "version", "updated_ns", "body"),
     "deadletters": ("ts_ns", "source_topic", "partition", "offset", "stage", "reason", "detail", "payload_b64"),
+    "reports": ("job", "window_id", "created_ns", "body"),
     "trace_events": ("job", "window_id", "rank", "category", "name", "start_ns", "dur_ns", "device", "stream", "step",
                      "bytes", "attrs"),
     "function_summaries": ("job", "window_id", "rank", "category", "name", "count", "total_ns", "median_ns",
@@ -366,6 +368,18 @@ def summary_columns(env: Envelope, out: Columns) -> dict[str, Any]:
         out.extend(n, job=env.job, window_id=window_id, rank=env.rank, category=cats, name=fnames,
                    window_ns=window_ns, **cols)
     return window
+
+
+def report_row(value: bytes | None) -> dict[str, Any]:
+    """A diagnosis report (JSON from the processors) -> one ``reports`` row."""
+    try:
+        rep = json.loads(value or b"")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidMessage("bad_report", f"not JSON: {e}") from None
+    if not isinstance(rep, dict) or rep.get("schema_version") != 1:
+        raise InvalidMessage("bad_report", f"unknown report schema_version {rep.get('schema_version') if isinstance(rep, dict) else None!r}")
+    return {"job": _str(rep.get("job"), "report.job"), "window_id": _str(rep.get("window_id"), "report.window_id"),
+            "created_ns": int(rep.get("created_ns") or time.time_ns()), "body": (value or b"").decode()}
 
 
 def alert_rows(alert: Alert) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -655,6 +669,9 @@ class Sink:
             row, event = alert_rows(alert)
             self._add_row(batch, "alerts", row)
             self._add_row(batch, "alert_events", event)
+            return
+        if topic is Topic.REPORTS:
+            self._add_row(batch, "reports", report_row(value))
             return
         if topic is Topic.DEADLETTER:
             try:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +80,7 @@ class WindowCollector:
         report["steps"] = {str(r): [m.get("first_step"), m.get("last_step")] for r, m in sorted(win.meta.items())}
         report["truncated_ranks"] = sorted(r for r, m in win.meta.items() if m.get("truncated"))
         report["schema_version"] = 1
+        report["created_ns"] = time.time_ns()
         return report
 
     @staticmethod
