@@ -8,11 +8,11 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import dashboard_queries, detection, tracer_overhead
+from benchmarks import collector, dashboard_queries, detection, tracer_overhead
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCHES = {"detection": detection.run, "tracer_overhead": tracer_overhead.run,
-           "dashboard_queries": dashboard_queries.run}
+           "collector": collector.run, "dashboard_queries": dashboard_queries.run}
 
 
 def main(argv: list[str] | None = None) -> int:

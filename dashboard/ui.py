@@ -206,6 +206,19 @@ def pick_job(options: list[str], key: str = "job_pick") -> str:
     return pick_param("Job", options, "job", key)
 
 
+def choose_job(cfg: Any) -> str | None:
+    """Jobs from the store and the picker; None (after a calm message) when there is none to show."""
+    try:
+        job_list = query(cfg, "jobs")
+    except StoreError as e:
+        st.warning(f"The store did not answer: {e}")
+        return None
+    if job_list.empty:
+        st.info(EMPTY_FLEET, icon="🛰️")
+        return None
+    return pick_job([str(j) for j in job_list["job"]])
+
+
 #: Time ranges of the picker: key -> (label, seconds); "custom" takes explicit bounds.
 RANGES = {"15m": ("Last 15 min", 900), "1h": ("Last 1 h", 3600), "6h": ("Last 6 h", 6 * 3600),
           "24h": ("Last 24 h", 86400), "custom": ("Custom", 0)}

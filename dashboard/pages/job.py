@@ -11,7 +11,6 @@ import streamlit as st
 
 from dashboard import queries, ui
 from rankscope.config import Settings
-from storage.store import StoreError
 
 TABLE_MAX_RANKS = queries.HEATMAP_MIN_RANKS
 
@@ -126,14 +125,6 @@ def panel(cfg: Settings, job: str) -> None:
 
 st.title("Job")
 cfg = ui.connect()
-if cfg is not None:
-    try:
-        job_list = ui.query(cfg, "jobs")
-    except StoreError as e:
-        st.warning(f"The store did not answer: {e}")
-        job_list = None
-    if job_list is not None and job_list.empty:
-        st.info(ui.EMPTY_FLEET, icon="🛰️")
-    elif job_list is not None:
-        chosen = ui.pick_job([str(j) for j in job_list["job"]])
-        ui.live(cfg, partial(panel, cfg, chosen))
+chosen = ui.choose_job(cfg) if cfg is not None else None
+if cfg is not None and chosen is not None:
+    ui.live(cfg, partial(panel, cfg, chosen))

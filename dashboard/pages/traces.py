@@ -177,20 +177,12 @@ def icicle_chart(ice: pd.DataFrame, unit: str) -> None:
 
 st.title("Trace windows")
 cfg = ui.connect()
-if cfg is not None:
+chosen = ui.choose_job(cfg) if cfg is not None else None
+if cfg is not None and chosen is not None:
+    request_form(cfg, chosen)
+    st.subheader("Windows")
+    ui.live(cfg, partial(windows_panel, cfg, chosen))
     try:
-        job_list = ui.query(cfg, "jobs")
+        window_detail(cfg, chosen)
     except StoreError as e:
         st.warning(f"The store did not answer: {e}")
-        job_list = None
-    if job_list is not None and job_list.empty:
-        st.info(ui.EMPTY_FLEET, icon="🛰️")
-    elif job_list is not None:
-        chosen = ui.pick_job([str(j) for j in job_list["job"]])
-        request_form(cfg, chosen)
-        st.subheader("Windows")
-        ui.live(cfg, partial(windows_panel, cfg, chosen))
-        try:
-            window_detail(cfg, chosen)
-        except StoreError as e:
-            st.warning(f"The store did not answer: {e}")
