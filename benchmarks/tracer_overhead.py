@@ -1,7 +1,9 @@
-"""Tracer per-step overhead on a CPU job: median step time with the tracer vs without, same run.
+"""Always-on tracer overhead on a CPU DDP job: median step time with the tracer (steps,
+heartbeats, hardware sampling, DDP comm hook) vs without, same run.
 
-2-rank torchrun (gloo) jobs, alternating with and without the tracer (ABAB...), REPEATS each,
-against a live local broker; the ratio of medians is reported.
+2-rank torchrun (gloo) DDP jobs, alternating with and without the tracer (ABAB...), REPEATS each,
+against a live local broker; the ratio of medians is reported, plus the in-process cost of one
+``tracer.step()`` call, which is what the training thread itself pays.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def run() -> dict[str, Any]:
         for i in range(REPEATS):
             for traced in (True, False):
                 out = tmp / f"{i}-{traced}.txt"
-                args = ["--steps", str(STEPS), "--result-file", str(out)] + ([] if traced else ["--no-tracer"])
+                args = ["--ddp", "--steps", str(STEPS), "--result-file", str(out)] + ([] if traced else ["--no-tracer"])
                 proc = torchrun(settings, f"ovh-{uuid.uuid4().hex[:6]}", *args, nproc=2)
                 if proc.wait(600) != 0:
                     raise RuntimeError("overhead job failed")

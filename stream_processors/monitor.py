@@ -14,7 +14,8 @@ Rules (see README "Detection rules"):
   stack is not waiting in a collective; identical stacks are grouped across ranks;
 - slow rank: median busy time (step time minus collective wait) over the last straggler_window
   steps, compared across ranks with median/MAD (robust z) and a relative floor; flagged for
-  straggler_persist consecutive evaluations before alerting. Needs at least 3 ranks.
+  straggler_persist consecutive evaluations (one every straggler_window/4 steps of the slowest
+  rank, so the rule counts steps, not seconds) before alerting. Needs at least 3 ranks.
 """
 
 from __future__ import annotations
@@ -67,16 +68,19 @@ class JobMonitor:
     steps_since_stats: int = 0
     lost_rank_seconds: float = 0.0
     incident_count: int = 0
+    pending: list[Alert] = field(default_factory=list)  # raised while ingesting, returned by scan()
 
     # Serialisation (faust table values) ------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        d.pop("pending")
         d["ranks"] = {str(k): v for k, v in d["ranks"].items()}
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> JobMonitor:
         d = dict(d)
+        d.pop("pending", None)
         ranks = {int(k): RankState(**v) for k, v in d.pop("ranks", {}).items()}
         return cls(ranks=ranks, **d)
 
@@ -105,6 +109,9 @@ class JobMonitor:
             st.hb_recv_s = max(st.hb_recv_s, now_s)
             st.hb_since_s = 0.0 if b["step"] else st.hb_since_s
             st.exit_reason = ""
+            # The slow-rank rule runs on step progress, not wall time, so a backlog read at once is
+            # judged exactly as it would have been live.
+            self.pending += self._slow_rule(now_s, settings, set())
         elif env.kind == "heartbeat":
             st.hb_recv_s = now_s
             st.hb_step = b["step"]
@@ -149,7 +156,8 @@ class JobMonitor:
         dead = self.dead_ranks(now_s, settings)
         out += self._hang_rule(now_s, settings, set(dead))
         out += self._dead_rule(now_s, dead)
-        out += self._slow_rule(now_s, settings, set(dead))
+        out += self.pending
+        self.pending = []
         return out
 
     def rank_states(self, now_s: float, settings: Settings) -> dict[int, str]:
@@ -227,7 +235,7 @@ class JobMonitor:
         if not live:
             return []
         min_step = min(st.last_step for st in live.values())
-        if min_step <= self.last_eval_min_step:
+        if min_step < self.last_eval_min_step + max(1, settings.straggler_window // 4):
             return []
         new_steps = min_step - self.last_eval_min_step if self.last_eval_min_step >= 0 else 0
         self.last_eval_min_step = min_step

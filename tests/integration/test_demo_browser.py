@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -27,14 +28,16 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
         data_dir=str(tmp_path / "demo"), dashboard_port=free_port(), clickhouse_dsn="")
     env = child_env(settings)
     job = f"demo-{uuid.uuid4().hex[:6]}"
-    cmd = [sys.executable, "-m", "rankscope", "demo", "--job", job, "--hang-at-step", "300"]
+    # The hang comes late enough to request a window (and get its report) while the job still steps.
+    cmd = [sys.executable, "-m", "rankscope", "demo", "--job", job, "--hang-at-step", "1500"]
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout + out.stderr
         assert f"http://127.0.0.1:{settings.dashboard_port}" in out.stdout
         logs = Path(settings.data_dir) / "logs"
+        base = f"http://127.0.0.1:{settings.dashboard_port}"
         with launch_browser() as page:
-            page.goto(f"http://127.0.0.1:{settings.dashboard_port}/")
+            page.goto(f"{base}/")
             try:
                 link = page.get_by_role("link", name=re.compile(re.escape(job)))
                 link.first.wait_for(state="visible", timeout=180_000)
@@ -42,6 +45,9 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
                 link.first.click()
                 page.wait_for_url(re.compile(rf"/job\?job={re.escape(job)}"), timeout=60_000)
                 wait_for_text(page, "Slow rank 1", 240)
+                screenshot(page, "demo_job_slow")
+                request_window_and_find_report(page, base, job)
+                page.goto(f"{base}/job?job={job}")
                 wait_for_text(page, "hang_forever", 240)
                 page.wait_for_function(  # the ranks table shows both states
                     "() => [...document.querySelectorAll(\"[data-testid='stTable']\")]"
@@ -54,3 +60,23 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
             screenshot(page, "demo_job")
     finally:
         subprocess.run([sys.executable, "-m", "rankscope", "down"], env=env, timeout=120)
+
+
+def request_window_and_find_report(page, base: str, job: str) -> None:
+    """Trace windows page: request a 3-step window on every rank; Reports page: find its report."""
+    page.goto(f"{base}/traces?job={job}")
+    wait_for_text(page, "Request a trace window", 60)
+    page.get_by_role("button", name=re.compile("Request window")).first.click()
+    ack = wait_for_text(page, re.compile(r"Request tw[0-9a-f]{8}"), 60)
+    request_id = re.search(r"tw[0-9a-f]{8}", ack.inner_text()).group(0)
+    screenshot(page, "demo_traces")
+    deadline = time.monotonic() + 180
+    while True:
+        page.goto(f"{base}/reports?job={job}")
+        try:
+            wait_for_text(page, request_id, 10)
+            break
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+    screenshot(page, "demo_report")

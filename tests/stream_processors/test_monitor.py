@@ -119,3 +119,14 @@ def test_helpers():
     assert [r for r, (_, f) in flagged.items() if f] == [2]
     assert waiting_in_collective(WAIT_FRAMES) and not waiting_in_collective(HANG_FRAMES)
     assert group_stacks([]) == []
+
+
+def test_backlog_read_at_once_still_finds_the_slow_rank():
+    # A processor that starts late reads 200 steps per rank in one go, within one scan interval.
+    mon = JobMonitor(job="j")
+    for first in range(0, 200, 20):
+        for r in range(4):
+            mon.apply(steps(r, first, 20, 8_000_000 if r == 1 else 2_000_000), 100.0, S)
+    alerts = mon.scan(100.0, S)
+    assert (alerts[0].kind, alerts[0].status, alerts[0].ranks) == ("slow_rank", "open", [1])
+    assert all(a.kind == "slow_rank" and a.ranks == [1] for a in alerts)
