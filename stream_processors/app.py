@@ -145,6 +145,14 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
         log.warning("auto-trace: opening a %d-step window on job %s", settings.auto_trace_steps, job)
         await control_topic.send(key=job.encode(), value=encode(env))
 
+    async def request_flight_record(job: str, alert: Any) -> None:
+        """A hang asks every rank for its flight recorder (last steps and all stacks) on the control topic."""
+        seq[0] += 1
+        env = Envelope(kind="control", job=job, rank=-1, host=host, pid=pid, seq=seq[0], sent_ns=clock.wall_ns(),
+                       body={"command": "flight", "request_id": f"flight-{alert.alert_id}", "ranks": None,
+                             "args": {"reason": f"alert {alert.alert_id}"}})
+        await control_topic.send(key=job.encode(), value=encode(env))
+
     @app.agent(steps_topic, concurrency=1)
     async def progress(stream: Any) -> None:
         async for event in stream.events():
@@ -178,6 +186,8 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
                 await alerts_topic.send(key=job.encode(), value=alert.to_json())
                 if alert.kind == "slow_rank" and alert.status == "open":
                     await auto_trace(job)
+                if alert.kind == "hang" and alert.status == "open":
+                    await request_flight_record(job, alert)
             if mon.steps_since_stats or alerts:
                 mon.steps_since_stats = 0
                 seq[0] += 1

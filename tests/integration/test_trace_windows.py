@@ -172,3 +172,28 @@ def test_bad_requests_are_answered_and_the_job_goes_on(traced_job: tuple[Setting
     control.close()
     wait_until(lambda: store.query_rows("SELECT max(step) FROM rankscope.steps WHERE job = {job:String}",
                                         parameters={"job": job})[0][0] > before + 50, 120, "the job to keep stepping")
+
+
+def test_flight_recorder_is_sent_on_request(traced_job: tuple[Settings, Store, str, Path]) -> None:
+    settings, _, job, _ = traced_job
+    control = TopicReader(settings, Topic.CONTROL)
+    control.poll(2.0)
+    producer = Producer({"bootstrap.servers": settings.bootstrap})
+    env = Envelope(kind="control", job=job, rank=-1, host="t", pid=0, seq=1, sent_ns=time.time_ns(),
+                   body={"command": "flight", "request_id": "fl-1", "ranks": [1], "args": {"reason": "test"}})
+    producer.produce(Topic.CONTROL.name_for(settings), key=job.encode(), value=encode(env))
+    producer.flush(10)
+
+    def flights() -> list[dict]:
+        control.poll(1.0)
+        return [m for m in (msgpack.unpackb(v) for v in control.values)
+                if m.get("kind") == "flight" and m["body"].get("request_id") == "fl-1"]
+
+    got = wait_until(flights, 60, "a flight record from rank 1")
+    control.close()
+    assert [m["rank"] for m in got] == [1]
+    body = got[0]["body"]
+    assert len(body["steps"]) == settings.flight_steps  # the ring buffer is full after hundreds of steps
+    steps = [s[0] for s in body["steps"]]
+    assert steps == sorted(steps) and steps[-1] - steps[0] == settings.flight_steps - 1
+    assert any(s["thread"] == "MainThread" for s in body["stacks"])
