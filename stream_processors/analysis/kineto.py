@@ -27,6 +27,10 @@ external_id    int64     op <-> launch link (``External id``), -1 if none
 step           int32     ProfilerStep number the event belongs to, -1 if none
 args           object    dict of collective metadata where present, else None
 =============  ========  ===========================================================
+
+With ``extra_columns=True`` (used by ``rankscope replay``) three more columns follow:
+``py_id`` and ``py_parent`` (int64, ``Python id`` / ``Python parent id`` of python_function
+events, -1 if none) and ``bytes`` (int64, the ``bytes`` arg of memcpy/memset, else 0).
 """
 
 from __future__ import annotations
@@ -335,7 +339,8 @@ def _assign_steps(df: pd.DataFrame) -> np.ndarray:
     return step
 
 
-def _events_frame(events: list[Any], rank: int, unit: str, stats: dict[str, int]) -> pd.DataFrame:
+def _events_frame(events: list[Any], rank: int, unit: str, stats: dict[str, int],
+                  extra_columns: bool = False) -> pd.DataFrame:
     names: list[str] = []
     raw_cats: list[str] = []
     phs: list[str] = []
@@ -347,6 +352,9 @@ def _events_frame(events: list[Any], rank: int, unit: str, stats: dict[str, int]
     corr_l: list[int] = []
     ext_l: list[int] = []
     args_l: list[dict[str, Any] | None] = []
+    py_id_l: list[int] = []
+    py_parent_l: list[int] = []
+    bytes_l: list[int] = []
     flows: list[tuple[str, Any, int, int, Any]] = []
     cache: dict[str, int] = {}
     skipped = 0
@@ -384,6 +392,11 @@ def _events_frame(events: list[Any], rank: int, unit: str, stats: dict[str, int]
         corr_l.append(_arg_int(args, "correlation"))
         ext_l.append(_arg_int(args, "External id"))
         args_l.append(_collective_args(args) if args else None)
+        if extra_columns:
+            py_id_l.append(_arg_int(args, "Python id"))
+            py_parent_l.append(_arg_int(args, "Python parent id"))
+            b = _arg_int(args, "bytes")
+            bytes_l.append(b if b > 0 else 0)
     stats["skipped_events"] = skipped
     stats["flows"] = len(flows)
 
@@ -407,6 +420,10 @@ def _events_frame(events: list[Any], rank: int, unit: str, stats: dict[str, int]
             "args": pd.Series(args_l, dtype=object),
         }
     )
+    if extra_columns:
+        df["py_id"] = np.asarray(py_id_l, dtype=np.int64)
+        df["py_parent"] = np.asarray(py_parent_l, dtype=np.int64)
+        df["bytes"] = np.asarray(bytes_l, dtype=np.int64)
     if flows:
         stats["correlations_from_flows"] = _fill_correlation_from_flows(df, flows, unit)
     df["step"] = _assign_steps(df)
@@ -457,7 +474,8 @@ def _fill_correlation_from_flows(df: pd.DataFrame, flows: list[tuple[str, Any, i
 # --------------------------------------------------------------------------- public API
 
 
-def load_trace(path: str | Path, *, rank: int | None = None, time_unit: str = "auto") -> Trace:
+def load_trace(path: str | Path, *, rank: int | None = None, time_unit: str = "auto",
+               extra_columns: bool = False) -> Trace:
     """Read one Kineto trace file.
 
     Args:
@@ -467,6 +485,7 @@ def load_trace(path: str | Path, *, rank: int | None = None, time_unit: str = "a
             file. ``auto`` reads ns when ``displayTimeUnit`` is ``"ns"`` and every timestamp is
             an integer, or when timestamps are at least 1e17 (epoch nanoseconds); otherwise µs,
             which is what Kineto writes (floats with three decimals carry ns precision).
+        extra_columns: also keep ``py_id``, ``py_parent`` and ``bytes`` (see the module docstring).
 
     Returns:
         A :class:`Trace`; blocking, reads the whole file into memory.
@@ -505,7 +524,7 @@ def load_trace(path: str | Path, *, rank: int | None = None, time_unit: str = "a
         ]
         time_unit = _detect_unit(meta, sample)
     stats: dict[str, int] = {}
-    df = _events_frame(events, rank, time_unit, stats)
+    df = _events_frame(events, rank, time_unit, stats, extra_columns)
     if df.empty:
         raise TraceFormatError(f"{p}: no timed events in 'traceEvents'")
     return Trace(rank=rank, path=str(p), events=df, metadata=meta, time_unit=time_unit,
@@ -518,10 +537,12 @@ def trace_files_in(folder: str | Path) -> list[Path]:
     return sorted(p for p in d.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz")))
 
 
-def load_traces(paths_or_folder: str | Path | Iterable[str | Path], *, time_unit: str = "auto") -> dict[int, Trace]:
+def load_traces(paths_or_folder: str | Path | Iterable[str | Path], *, time_unit: str = "auto",
+                extra_columns: bool = False) -> dict[int, Trace]:
     """Read several traces (files, folders of files, or one folder) into ``{rank: Trace}``.
 
     Folders are expanded non-recursively to their ``*.json``/``*.json.gz`` files.
+    ``extra_columns`` is passed to :func:`load_trace`.
 
     Raises:
         ValueError: a path does not exist, a folder holds no trace file, a file is not a trace
@@ -547,7 +568,7 @@ def load_traces(paths_or_folder: str | Path | Iterable[str | Path], *, time_unit
             raise ValueError(f"{p}: no such file or folder")
     traces: dict[int, Trace] = {}
     for f in files:
-        t = load_trace(f, time_unit=time_unit)
+        t = load_trace(f, time_unit=time_unit, extra_columns=extra_columns)
         if t.rank in traces:
             raise ValueError(
                 f"rank {t.rank} appears twice: {traces[t.rank].path} and {f} "

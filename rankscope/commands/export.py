@@ -1,0 +1,101 @@
+"""``rankscope export --job J --window W [-o trace.json]``: a stored trace window as a Chrome /
+Perfetto trace (the dashboard's "Trace windows" download, from the command line).
+
+Reads the window's ``trace_events`` from the store (``dashboard/queries.py``) and writes
+``dashboard/export.py``'s JSON. ``--window`` is a window id or a request id (prefix): the newest
+matching window is taken. Exit status: 0 written; 1 store unavailable or no such window;
+2 bad arguments or unwritable output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rankscope.config import Settings
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("export", parents=[common], help="write a stored trace window as a Chrome/Perfetto trace",
+                       description="Export the events of one stored trace window to a Chrome trace JSON file "
+                                   "that opens in https://ui.perfetto.dev or chrome://tracing.")
+    p.add_argument("--job", required=True)
+    p.add_argument("--window", required=True, help="window id, or a request id prefix (newest match)")
+    p.add_argument("--ranks", default="", help="only these ranks, e.g. 0-3,8 (default: all)")
+    p.add_argument("--limit", type=int, default=0, help="at most this many events (default: the dashboard's cap)")
+    p.add_argument("--output", "-o", default="", metavar="FILE",
+                   help="output file (default: <window>.trace.json; '-' for stdout)")
+    p.set_defaults(func=run)
+
+
+LOCKED_HINT = ("hint: the embedded store allows one process at a time; stop `rankscope serve` (or `rankscope up`) "
+               "first, or download the window from the dashboard's Trace windows page (Export button), "
+               "or point --clickhouse-dsn at a ClickHouse server.")
+
+
+def _err(msg: str, rc: int) -> int:
+    print(f"rankscope export: error: {msg}", file=sys.stderr)
+    return rc
+
+
+def resolve_window(store: object, job: str, window: str) -> str | None:
+    """``window`` itself if the job has a window with that id, else the newest whose id starts with it."""
+    from dashboard import queries
+
+    wins = queries.trace_windows(store, job, limit=10_000)  # newest first
+    ids = [str(w) for w in wins["window_id"]] if not wins.empty else []
+    if window in ids:
+        return window
+    return next((w for w in ids if w.startswith(window)), None)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    from rankscope.commands.trace import parse_ranks
+
+    try:
+        ranks = parse_ranks(args.ranks)
+    except ValueError as e:
+        return _err(str(e), 2)
+    if args.limit < 0:
+        return _err(f"--limit must be >= 0, got {args.limit}", 2)
+
+    from dashboard import export, queries
+    from storage.store import StoreError, StoreLocked, close_store, open_store
+
+    dsn = settings.store_dsn
+    try:
+        store = open_store(dsn)
+    except StoreLocked as e:
+        print(f"rankscope export: {e}\n{LOCKED_HINT}", file=sys.stderr)
+        return 1
+    except StoreError as e:
+        return _err(str(e), 1)
+    try:
+        window_id = resolve_window(store, args.job, args.window) or args.window
+        limit = args.limit or queries.MAX_EVENTS
+        events = queries.trace_events(store, args.job, window_id, ranks=ranks, limit=limit)
+    except StoreError as e:
+        return _err(str(e), 1)
+    finally:
+        close_store(dsn)
+    if events.empty:
+        return _err(f"no stored trace events for job {args.job!r} window {args.window!r}"
+                    + (f" ranks {ranks}" if ranks is not None else "")
+                    + " (list windows on the dashboard's Trace windows page)", 1)
+    data = export.chrome_trace_json(events, job=args.job, window_id=window_id)
+    out = args.output or f"{window_id}.trace.json"
+    if out == "-":
+        sys.stdout.buffer.write(data + b"\n")
+        sys.stdout.flush()
+    else:
+        try:
+            Path(out).write_bytes(data)
+        except OSError as e:
+            return _err(f"cannot write {out}: {e.strerror or e}", 2)
+    n_ranks = events["rank"].nunique()
+    msg = f"window {window_id} of job {args.job}: {len(events)} events from {n_ranks} ranks"
+    if len(events) >= limit:
+        msg += f" (capped at {limit}; raise --limit)"
+    print(msg + (f" written to {out}" if out != "-" else ""), file=sys.stderr if out == "-" else sys.stdout)
+    return 0
