@@ -12,7 +12,8 @@ Definitions (README "Diagnosis metrics"):
   median) above ``z_threshold``, and, for memory ops, CUDA runtime and Python functions,
   PerfTracker's floor: the value is at least 1% of the window;
 - busy time of a worker = exclusive time of kernels, memory ops, runtime calls and CPU ops (not
-  collectives, annotations or Python self time, which is mostly waiting); slow
+  collectives, annotations or Python self time, which is mostly waiting), each function's calls
+  taken at their median cost (one call stretched by preemption is not slowness); slow
   workers have abnormal busy time; the cost of a slow worker's function = its excess over the
   median of the other workers x world size (every rank waits for it), in rank-seconds.
 Everything here is pure: DataFrames in, a JSON-able dict out.
@@ -30,6 +31,7 @@ MEM_CATS = ("memcpy", "memset")
 COMPUTE_CATS = ("kernel", "cpu_op", "python", "memcpy", "memset", "runtime")
 BUSY_CATS = ("kernel", "cpu_op", "memcpy", "memset", "runtime")   # python self time is mostly waiting
 OWN_FRAMES = "producers/"   # rankscope's own threads and wrappers are not the user's functions
+THREAD_ROOT = "_bootstrap"  # threading.py(...): _bootstrap: the root frame of every non-main Python thread
 FLOOR = 0.01
 
 
@@ -70,8 +72,7 @@ def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, 
         raise ValueError(f"summaries lack columns {sorted(missing)}")
     if summaries.empty:
         raise ValueError("no summaries for this window")
-    df = summaries.copy()
-    df = df[~((df["category"] == "python") & df["name"].astype(str).str.contains(OWN_FRAMES, regex=False))]
+    df = without_own_frames(summaries)
     ranks = sorted(int(r) for r in df["rank"].unique())
     world = world_size or len(ranks)
     window = df.groupby("rank")["window_ns"].max().reindex(ranks).astype(float)
@@ -162,7 +163,7 @@ def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, 
     else:
         report["not_applicable"].append("python_functions: no Python stacks in this window")
     # Slow workers and causes --------------------------------------------------------------------
-    busy = _per_rank(df, BUSY_CATS, "exclusive_ns", ranks)
+    busy = _per_rank(typical_exclusive(df), BUSY_CATS, "typical_exclusive_ns", ranks)
     slow = []
     if len(ranks) >= 3:
         z = robust_z(busy)
@@ -180,24 +181,104 @@ def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, 
     return report
 
 
+def without_own_frames(summaries: pd.DataFrame) -> pd.DataFrame:
+    """Drop rankscope's own Python call paths (the tracer's threads and ``tracer.step()``).
+
+    The user's paths that enclose them keep their time: frames open across the whole window (the
+    training loop) are compared as a share of the window in ``rank_causes``, where the tracer's
+    time is the same on every rank; subtracting it would leave the loop's time small and noisy.
+    """
+    is_own = (summaries["category"] == "python") & summaries["name"].astype(str).str.contains(OWN_FRAMES, regex=False)
+    return summaries[~is_own].copy()
+
+
+def typical_exclusive(df: pd.DataFrame) -> pd.DataFrame:
+    """Add ``typical_exclusive_ns``: exclusive time with each function's calls at their median cost.
+
+    ``exclusive_ns x min(1, count x median_ns / total_ns)``: one call stretched by a preemption or a
+    page fault (common when ranks share cores) does not make a worker slow; a worker whose calls
+    are all slower, or that makes more of them, is. Without ``median_ns`` (summaries of other
+    origin) it is the exclusive time.
+    """
+    out = df.copy()
+    excl = out["exclusive_ns"].astype(float)
+    if "median_ns" not in out:
+        out["typical_exclusive_ns"] = excl
+        return out
+    typical = out["count"].astype(float) * out["median_ns"].astype(float)
+    factor = (typical / out["total_ns"].astype(float).where(out["total_ns"] > 0)).clip(upper=1.0).fillna(1.0)
+    out["typical_exclusive_ns"] = excl * factor
+    return out
+
+
 def rank_causes(df: pd.DataFrame, slow_ranks: list[int], ranks: list[int], world: int,
                 top: int = 10) -> list[dict[str, Any]]:
-    """Functions of the slow workers by their excess over the other workers' median (inclusive time)."""
+    """Functions of the slow workers by their excess over the other workers' median (inclusive time;
+    for Python paths, the median share of the window).
+
+    Python causes are call paths on the training thread (paths rooted at a thread's
+    ``_bootstrap`` frame are other threads: in synchronous training the training thread's own
+    path shows any wait on them). Of a chain of paths carrying the same excess, one is named:
+    see ``_python_causes``.
+    """
     out = []
+    window = df.groupby("rank")["window_ns"].max().astype(float)
+    comp = df[df["category"].isin(COMPUTE_CATS)]
     for r in slow_ranks:
         others = [x for x in ranks if x != r]
-        mine = df[(df["rank"] == r) & df["category"].isin(COMPUTE_CATS)]
-        rest = (df[df["rank"].isin(others) & df["category"].isin(COMPUTE_CATS)]
-                .pivot_table(index=["category", "name"], columns="rank", values="total_ns", aggfunc="sum")
-                .reindex(columns=others).fillna(0).median(axis=1))
+        mine = comp[comp["rank"] == r]
+        per_rank = (comp[comp["rank"].isin(others)]
+                    .pivot_table(index=["category", "name"], columns="rank", values="total_ns", aggfunc="sum")
+                    .reindex(columns=others).fillna(0))
+        # Python frames open across the window (main, the training loop) last as long as the
+        # window, and windows of different ranks differ in length (profiler start-up, waiting): a
+        # Python path is compared as a share of each rank's window, scaled to this rank's window.
+        is_py = per_rank.index.get_level_values("category") == "python"
+        shares = per_rank.div(window.reindex(others).to_numpy(), axis=1).median(axis=1) * float(window[r])
+        rest = per_rank.median(axis=1).where(~is_py, shares)
+        mine_out = []
         for (cat, name), total in mine.groupby(["category", "name"])["total_ns"].sum().items():
+            if cat == "python" and THREAD_ROOT in str(name).split(";")[0]:
+                continue
             excess = float(total) - float(rest.get((cat, name), 0.0))
             if excess > 0:
-                out.append({"rank": r, "category": cat, "function": name, "leaf": str(name).split(";")[-1],
-                            "excess_ms": round(excess / 1e6, 3),
-                            "cost_rank_seconds": round(excess * world / 1e9, 6)})
+                mine_out.append({"rank": r, "category": cat, "function": name, "leaf": str(name).split(";")[-1],
+                                 "excess_ms": round(excess / 1e6, 3),
+                                 "cost_rank_seconds": round(excess * world / 1e9, 6), "_excess": excess,
+                                 "_total": float(total)})
+        out += [{k: v for k, v in c.items() if not k.startswith("_")} for c in _python_causes(mine_out)]
     out.sort(key=lambda c: c["excess_ms"], reverse=True)
     return out[:top]
+
+
+def _python_causes(cands: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One cause per chain of Python call paths that carry the same excess.
+
+    The origin of an excess is the shallowest path where the slow worker diverges from the
+    others: at least half of the path's own time is excess (``slow_extra_compute``, absent on
+    the other ranks, not ``main`` around it, where the excess is a small part). The origin's
+    descendants are its internals and are left out; a path that is no origin is left out when a
+    descendant carries at least half its excess (the deeper path says more). Other categories
+    pass through.
+    """
+    py = {str(c["function"]): c for c in cands if c["category"] == "python"}
+
+    def ancestors(p: str) -> list[str]:
+        f = p.split(";")
+        return [";".join(f[:i]) for i in range(1, len(f))]
+
+    high = {p for p, c in py.items() if c["_excess"] >= 0.5 * max(c["_total"], 1.0)}
+    origins = {p for p in high if not any(a in high for a in ancestors(p))}
+    out = []
+    for c in cands:
+        p = str(c["function"])
+        if c["category"] == "python" and p not in origins:
+            if any(a in origins for a in ancestors(p)):
+                continue
+            if any(q.startswith(p + ";") and d["_excess"] >= 0.5 * c["_excess"] for q, d in py.items()):
+                continue
+        out.append(c)
+    return out
 
 
 def straggler_from_arrivals(arrivals: pd.DataFrame, world: int) -> dict[str, Any]:

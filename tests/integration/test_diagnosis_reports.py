@@ -56,7 +56,7 @@ def test_report_names_slow_rank_and_function(processors: tuple[Settings, Path]) 
     settings, work = processors
     rep = traced_report(settings, work, f"rs-{uuid.uuid4().hex[:6]}", "--slow-rank", "1", "--slow-factor", "4")
     assert rep["ranks"] == [0, 1, 2, 3] and rep["missing_ranks"] == []
-    assert [s["rank"] for s in rep["slow_workers"]] == [1], rep["slow_workers"]
+    assert [s["rank"] for s in rep["slow_workers"]] == [1], (rep["busy_ms"], rep["window_ms"])
     top = rep["causes"][0]
     assert top["rank"] == 1 and top["leaf"].endswith("slow_extra_compute"), rep["causes"][:3]
     assert any("gpu_compute" in x for x in rep["not_applicable"])

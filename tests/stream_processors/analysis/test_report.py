@@ -63,3 +63,63 @@ def test_arrivals_name_the_last_rank():
 def test_robust_z_flags_one_outlier():
     z = robust_z(pd.Series([1.0e6, 1.1e6, 0.9e6, 4.0e6]))
     assert z.iloc[3] > 4 and abs(z.iloc[0]) < 2
+
+
+def test_threads_and_own_frames_are_not_causes_and_deepest_path_wins():
+    df = rows(slow_rank=2)
+    extra = []
+    for r in range(4):
+        win = W + (40_000_000 if r == 2 else 0)          # the slow rank's window ran longer
+        extra += [
+            # a background thread whose only work is rankscope's heartbeat
+            {"rank": r, "category": "python", "name": "threading.py(1002): _bootstrap", "count": 1,
+             "total_ns": win, "exclusive_ns": 0, "window_ns": W},
+            {"rank": r, "category": "python", "name": "threading.py(1002): _bootstrap;threading.py(982): run",
+             "count": 1, "total_ns": win, "exclusive_ns": 0, "window_ns": W},
+            {"rank": r, "category": "python",
+             "name": "threading.py(1002): _bootstrap;threading.py(982): run;producers/tracer.py(1): _beat",
+             "count": 1, "total_ns": win, "exclusive_ns": 0, "window_ns": W},
+            # the user's loop calls the tracer: its time is not the user's
+            {"rank": r, "category": "python", "name": "main", "count": 1,
+             "total_ns": 60_000_000 + (31_000_000 if r == 2 else 0) + (25_000_000 if r == 2 else 0),
+             "exclusive_ns": 0, "window_ns": W},
+            {"rank": r, "category": "python", "name": "main;producers/tracer.py(9): step", "count": 10,
+             "total_ns": 25_000_000 if r == 2 else 0, "exclusive_ns": 0, "window_ns": W},
+            {"rank": r, "category": "python", "name": "main;train", "count": 1,
+             "total_ns": 55_000_000 + (31_000_000 if r == 2 else 0), "exclusive_ns": 0, "window_ns": W},
+        ]
+        if r == 2:   # the slow function's internals carry the same excess: the function is named, not them
+            extra += [{"rank": r, "category": "python", "name": "main;train;slow_extra_compute;compute",
+                       "count": 10, "total_ns": 30_500_000, "exclusive_ns": 0, "window_ns": W},
+                      {"rank": r, "category": "python", "name": "main;train;slow_extra_compute;compute;aten::matmul",
+                       "count": 10, "total_ns": 30_000_000, "exclusive_ns": 0, "window_ns": W}]
+    rep = build_report(pd.concat([df, pd.DataFrame(extra)], ignore_index=True), job="j", window_id="w")
+    assert rep["causes"][0]["leaf"] == "slow_extra_compute", rep["causes"][:3]
+    names = [c["function"] for c in rep["causes"]]
+    assert not any("_bootstrap" in n or "producers/" in n for n in names)
+    assert "main" not in names and "main;train" not in names   # shadowed by the deeper path with the excess
+    assert not any("slow_extra_compute;" in n for n in names)   # internals of the cause
+
+
+def test_open_frames_of_windows_of_different_length_are_not_causes():
+    wins = {0: 4.4 * W, 1: 4.5 * W, 2: 5.0 * W, 3: 0.8 * W}   # profiler start-up and waiting differ by rank
+    df = rows(slow_rank=2)
+    df["window_ns"] = df["rank"].map(wins)
+    extra = [{"rank": r, "category": "python", "name": p, "count": 1, "total_ns": wins[r] * f,
+              "exclusive_ns": 0, "window_ns": wins[r]}
+             for r in range(4) for p, f in (("<frozen runpy>(198): _run_module_as_main", 1.0),
+                                            ("<frozen runpy>(198): _run_module_as_main;train.py(9): main", 0.99))]
+    rep = build_report(pd.concat([df, pd.DataFrame(extra)], ignore_index=True), job="j", window_id="w")
+    assert rep["causes"][0]["leaf"] == "slow_extra_compute", rep["causes"][:3]
+    assert not any("runpy" in c["function"] for c in rep["causes"])
+
+
+def test_one_stretched_call_does_not_make_a_worker_slow():
+    df = rows()
+    df["median_ns"] = df["total_ns"] // df["count"]
+    hiccup = (df["rank"] == 3) & (df["name"] == "aten::mm")
+    df.loc[hiccup, ["total_ns", "exclusive_ns"]] += 40_000_000   # one call preempted for 40 ms
+    assert build_report(df, job="j", window_id="w")["slow_workers"] == []
+    slow = rows(slow_rank=3)                                          # every call slower: slow
+    slow["median_ns"] = slow["total_ns"] // slow["count"]
+    assert [s["rank"] for s in build_report(slow, job="j", window_id="w")["slow_workers"]] == [3]
