@@ -27,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
                    help="apply Holistic Trace Analysis' conventions so the numbers match HTA's")
     p.add_argument("--top", type=int, default=10, metavar="K", help="kernels listed per rank and type (default: 10)")
     p.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
+    p.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="files read and analysed in parallel processes (default 0: one per CPU)")
     p.set_defaults(func=run)
 
 
@@ -37,8 +39,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.top < 1:
         print(f"rankscope analyze: error: --top must be >= 1, got {args.top}", file=sys.stderr)
         return 2
+    if args.workers < 0:
+        print(f"rankscope analyze: error: --workers must be >= 0, got {args.workers}", file=sys.stderr)
+        return 2
     try:
-        report = analyze_paths(args.paths, hta_compatible=args.hta_compatible, top_k=args.top)
+        report = analyze_paths(args.paths, hta_compatible=args.hta_compatible, top_k=args.top,
+                               workers=args.workers or None)
     except (ValueError, OSError) as e:
         print(f"rankscope analyze: error: {e}", file=sys.stderr)
         return 2

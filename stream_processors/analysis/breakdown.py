@@ -17,6 +17,8 @@ Two conventions:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,7 +123,41 @@ def _require(df: pd.DataFrame, cols: tuple[str, ...]) -> None:
         raise ValueError(f"events frame lacks column(s) {missing}; expected the table of kineto.load_trace")
 
 
+_VIEWS: dict[tuple[str, int, bool], tuple[pd.DataFrame, pd.DataFrame]] | None = None
+
+
+@contextmanager
+def cached_views() -> Iterator[None]:
+    """Within the block, ``hta_view`` and ``gpu_work`` compute once per (frame, convention).
+
+    For callers that run several breakdowns over the same unchanged frame (the offline report);
+    each call still returns its own shallow copy, so a caller adding columns changes nothing else.
+    """
+    global _VIEWS
+    outer, _VIEWS = _VIEWS, {}
+    try:
+        yield
+    finally:
+        _VIEWS = outer
+
+
+def _cached(kind: str, df: pd.DataFrame, hta: bool, make: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+    if _VIEWS is None:
+        return make()
+    key = (kind, id(df), hta)
+    hit = _VIEWS.get(key)
+    if hit is None or hit[0] is not df:
+        hit = (df, make())
+        _VIEWS[key] = hit
+    return hit[1].copy(deep=False)
+
+
 def hta_view(df: pd.DataFrame) -> pd.DataFrame:
+    """The events as HTA 0.5 sees them (see ``_hta_view``); a new frame, ``df`` is untouched."""
+    return _cached("hta_view", df, True, lambda: _hta_view(df))
+
+
+def _hta_view(df: pd.DataFrame) -> pd.DataFrame:
     """The events as HTA 0.5 sees them after ``load_traces()`` (a new frame; ``df`` is untouched).
 
     Steps:
@@ -218,6 +254,10 @@ def gpu_work(df: pd.DataFrame, hta_compatible: bool = False) -> pd.DataFrame:
 
     Returns columns rank, name, stream, ts_ns, dur_ns, end_ns, correlation, kernel_type (new frame).
     """
+    return _cached("gpu_work", df, hta_compatible, lambda: _gpu_work(df, hta_compatible))
+
+
+def _gpu_work(df: pd.DataFrame, hta_compatible: bool) -> pd.DataFrame:
     _require(df, ("rank", "name", "cat", "ts_ns", "dur_ns", "stream", "correlation"))
     if hta_compatible:
         ev = hta_view(df)

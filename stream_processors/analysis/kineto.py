@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -173,6 +174,10 @@ def _read_json(path: Path) -> Any:
             raise TraceFormatError(f"{path}: corrupt or truncated gzip data ({e})") from e
     if not raw.strip():
         raise TraceFormatError(f"{path}: empty file, not a trace")
+    try:
+        return msgspec.json.decode(raw)   # ~2x the stdlib's speed; odd input falls back to it
+    except (msgspec.DecodeError, ValueError):
+        pass
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -358,45 +363,65 @@ def _events_frame(events: list[Any], rank: int, unit: str, stats: dict[str, int]
     flows: list[tuple[str, Any, int, int, Any]] = []
     cache: dict[str, int] = {}
     skipped = 0
+    bad_dur = 0
+    num = (int, float)
+    no_args: dict[str, Any] = {}
+    # The hot loop of every reader: plain ints and strs take the inline path; anything odd goes
+    # through the helpers (which give the same results).
     for e in events:
-        if not isinstance(e, dict):
+        if type(e) is not dict:
             skipped += 1
             continue
         ph = e.get("ph", "X")
-        if ph in ("M", "E", "e"):
+        if ph == "M" or ph == "E" or ph == "e":
             continue
         raw_cat = e.get("cat")
         ts = e.get("ts")
-        if ph in ("s", "f", "t"):
-            if raw_cat == "ac2g" and isinstance(ts, int | float):
+        if ph == "s" or ph == "f" or ph == "t":
+            if raw_cat == "ac2g" and type(ts) in num:
                 flows.append((ph, e.get("id"), _to_int(e.get("pid"), cache), _to_int(e.get("tid"), cache), ts))
             continue
-        if raw_cat == "Trace" or not isinstance(ts, int | float) or isinstance(ts, bool):
+        if type(ts) not in num or raw_cat == "Trace":
             skipped += raw_cat != "Trace"
             continue
         d = e.get("dur", 0)
-        if not isinstance(d, int | float) or isinstance(d, bool) or d < 0 or d != d:
-            stats["bad_durations"] = stats.get("bad_durations", 0) + 1
+        if type(d) not in num or d < 0 or d != d:
+            bad_dur += 1
             d = 0
         args = e.get("args")
-        if not isinstance(args, dict):
-            args = {}
-        names.append(str(e.get("name", "")))
-        raw_cats.append(str(raw_cat) if raw_cat is not None else "")
-        phs.append(str(ph))
+        if type(args) is not dict:
+            args = no_args
+        n = e.get("name", "")
+        names.append(n if type(n) is str else str(n))
+        raw_cats.append(raw_cat if type(raw_cat) is str else str(raw_cat) if raw_cat is not None else "")
+        phs.append(ph if type(ph) is str else str(ph))
         ts_l.append(ts)
         dur_l.append(d)
-        pid_l.append(_to_int(e.get("pid"), cache))
-        tid_l.append(_to_int(e.get("tid"), cache))
-        stream_l.append(_arg_int(args, "stream"))
-        corr_l.append(_arg_int(args, "correlation"))
-        ext_l.append(_arg_int(args, "External id"))
-        args_l.append(_collective_args(args) if args else None)
+        v = e.get("pid")
+        pid_l.append(v if type(v) is int else _to_int(v, cache))
+        v = e.get("tid")
+        tid_l.append(v if type(v) is int else _to_int(v, cache))
+        if args:
+            v = args.get("stream", -1)
+            stream_l.append(v if type(v) is int else _arg_int(args, "stream"))
+            v = args.get("correlation", -1)
+            corr_l.append(v if type(v) is int else _arg_int(args, "correlation"))
+            v = args.get("External id", -1)
+            ext_l.append(v if type(v) is int else _arg_int(args, "External id"))
+            args_l.append(_collective_args(args) if "Collective name" in args or "Process Group Name" in args
+                          else None)
+        else:
+            stream_l.append(-1)
+            corr_l.append(-1)
+            ext_l.append(-1)
+            args_l.append(None)
         if extra_columns:
             py_id_l.append(_arg_int(args, "Python id"))
             py_parent_l.append(_arg_int(args, "Python parent id"))
             b = _arg_int(args, "bytes")
             bytes_l.append(b if b > 0 else 0)
+    if bad_dur:
+        stats["bad_durations"] = stats.get("bad_durations", 0) + bad_dur
     stats["skipped_events"] = skipped
     stats["flows"] = len(flows)
 
@@ -537,16 +562,10 @@ def trace_files_in(folder: str | Path) -> list[Path]:
     return sorted(p for p in d.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz")))
 
 
-def load_traces(paths_or_folder: str | Path | Iterable[str | Path], *, time_unit: str = "auto",
-                extra_columns: bool = False) -> dict[int, Trace]:
-    """Read several traces (files, folders of files, or one folder) into ``{rank: Trace}``.
+def expand_paths(paths_or_folder: str | Path | Iterable[str | Path]) -> list[Path]:
+    """The trace files named by files, folders of files, or one folder (non-recursive).
 
-    Folders are expanded non-recursively to their ``*.json``/``*.json.gz`` files.
-    ``extra_columns`` is passed to :func:`load_trace`.
-
-    Raises:
-        ValueError: a path does not exist, a folder holds no trace file, a file is not a trace
-            (:class:`TraceFormatError`, naming the file), or two files carry the same rank.
+    Raises ValueError: no paths, a path does not exist, or a folder holds no trace file.
     """
     if isinstance(paths_or_folder, str | Path):
         items: list[str | Path] = [paths_or_folder]
@@ -566,6 +585,21 @@ def load_traces(paths_or_folder: str | Path | Iterable[str | Path], *, time_unit
             files.append(p)
         else:
             raise ValueError(f"{p}: no such file or folder")
+    return files
+
+
+def load_traces(paths_or_folder: str | Path | Iterable[str | Path], *, time_unit: str = "auto",
+                extra_columns: bool = False) -> dict[int, Trace]:
+    """Read several traces (files, folders of files, or one folder) into ``{rank: Trace}``.
+
+    Folders are expanded non-recursively to their ``*.json``/``*.json.gz`` files.
+    ``extra_columns`` is passed to :func:`load_trace`.
+
+    Raises:
+        ValueError: a path does not exist, a folder holds no trace file, a file is not a trace
+            (:class:`TraceFormatError`, naming the file), or two files carry the same rank.
+    """
+    files = expand_paths(paths_or_folder)
     traces: dict[int, Trace] = {}
     for f in files:
         t = load_trace(f, time_unit=time_unit, extra_columns=extra_columns)

@@ -7,7 +7,11 @@ the file reading; :func:`render_markdown` turns a report into text. Times are in
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from stream_processors.analysis import breakdown as bd
-from stream_processors.analysis.kineto import Trace, concat_events, load_traces
+from stream_processors.analysis.kineto import Trace, concat_events, expand_paths, load_trace, load_traces
 
 __all__ = ["REPORT_SCHEMA", "analyze_paths", "analyze_traces", "render_markdown"]
 
@@ -84,6 +88,12 @@ def analyze_traces(traces: Mapping[int, Trace], hta_compatible: bool = False, to
         }
         for t in (traces[r] for r in sorted(traces))
     ]
+    with bd.cached_views():
+        return _report(df, conv, files, traces, hta_compatible, top_k)
+
+
+def _report(df: pd.DataFrame, conv: Any, files: list[dict[str, Any]], traces: Mapping[int, Trace],
+            hta_compatible: bool, top_k: int) -> dict[str, Any]:
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "convention": conv.as_dict(),
@@ -101,11 +111,82 @@ def analyze_traces(traces: Mapping[int, Trace], hta_compatible: bool = False, to
 
 
 def analyze_paths(
-    paths: str | Path | Iterable[str | Path], hta_compatible: bool = False, top_k: int = 10
+    paths: str | Path | Iterable[str | Path], hta_compatible: bool = False, top_k: int = 10,
+    workers: int | None = None,
 ) -> dict[str, Any]:
-    """Load trace files or folders (see :func:`kineto.load_traces`) and return
-    :func:`analyze_traces`'s report. Blocking. Raises ValueError naming the file on bad input."""
-    return analyze_traces(load_traces(paths), hta_compatible=hta_compatible, top_k=top_k)
+    """Load trace files or folders (see :func:`kineto.expand_paths`) and return
+    :func:`analyze_traces`'s report. Blocking. Raises ValueError naming the file on bad input.
+
+    Every section of the report is per rank except the all-ranks kernel type breakdown, which
+    is a sum over ranks; so with ``workers`` > 1 (default: one per CPU, at most one per file)
+    each file is read and analysed in its own worker process and the per-rank reports are
+    merged (:func:`merge_reports`): the parent never holds more than the small per-rank results,
+    and the result equals the one-process report.
+    """
+    files = expand_paths(paths)
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = max(1, min(workers, len(files)))
+    if workers == 1:
+        return analyze_traces(load_traces(files), hta_compatible=hta_compatible, top_k=top_k)
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        parts = list(pool.map(_analyze_file, files, repeat(hta_compatible), repeat(top_k), chunksize=1))
+    return merge_reports(parts, hta_compatible)
+
+
+def _analyze_file(path: Path, hta_compatible: bool, top_k: int) -> dict[str, Any]:
+    t = load_trace(path)
+    return analyze_traces({t.rank: t}, hta_compatible=hta_compatible, top_k=top_k)
+
+
+def merge_reports(parts: list[dict[str, Any]], hta_compatible: bool) -> dict[str, Any]:
+    """One report from single-rank reports of :func:`analyze_traces` (pure).
+
+    Raises ValueError when two parts carry the same rank (naming both files)."""
+    if not parts:
+        raise ValueError("no traces to analyze")
+    seen: dict[int, str] = {}
+    for part in parts:
+        for f in part["files"]:
+            if f["rank"] in seen:
+                raise ValueError(f"rank {f['rank']} appears twice: {seen[f['rank']]} and {f['path']} "
+                                 f"(rank from {f['rank_source']})")
+            seen[f["rank"]] = f["path"]
+    parts = sorted(parts, key=lambda p: min(p["ranks"]))
+
+    def cat(key: str) -> list[dict[str, Any]]:
+        return [r for p in parts for r in p[key]]
+
+    by_rank = cat("kernel_type_breakdown_by_rank")
+    sums_ns: dict[str, int] = {}        # per-rank sums are whole ns / 1000: add them exactly
+    for r in by_rank:
+        sums_ns[r["kernel_type"]] = sums_ns.get(r["kernel_type"], 0) + round(float(r["sum"] or 0.0) * 1000)
+    total = sum(sums_ns.values())
+    all_ranks = [{"kernel_type": k, "sum": v / 1000, "percentage": round(100 * v / total, 1) if total else None}
+                 for k, v in sorted(sums_ns.items(), key=lambda kv: -kv[1])]
+    top = sorted(cat("top_kernels"), key=lambda r: (str(r["kernel_type"]), str(r["name"]), r["rank"]))
+    departures: dict[str, Any] = {}
+    for p in parts:
+        for k, v in (p.get("departures_from_hta") or {}).items():
+            if isinstance(v, bool):
+                departures[k] = bool(departures.get(k, False)) or v
+            else:
+                departures[k] = departures.get(k, 0) + v
+    return {
+        "schema": REPORT_SCHEMA,
+        "convention": parts[0]["convention"],
+        "files": sorted(cat("files"), key=lambda f: f["rank"]),
+        "ranks": sorted(r for p in parts for r in p["ranks"]),
+        "temporal_breakdown": cat("temporal_breakdown"),
+        "comm_comp_overlap": cat("comm_comp_overlap"),
+        "kernel_type_breakdown": all_ranks,
+        "kernel_type_breakdown_by_rank": by_rank,
+        "top_kernels": top,
+        "idle_time_breakdown": cat("idle_time_breakdown"),
+        "departures_from_hta": departures,
+    }
 
 
 # --------------------------------------------------------------------------- markdown

@@ -275,3 +275,21 @@ def test_cli_analyze_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFix
     src = DATA / "hta_sampled2" / "sampled_rank-0.json.gz"
     assert main(["analyze", str(src), str(src)]) == 2
     assert "appears twice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hta_compatible", [True, False])
+def test_parallel_analysis_equals_one_process(hta_compatible: bool) -> None:
+    one = analyze_paths([DATA / "hta_sampled2"], hta_compatible=hta_compatible, workers=1)
+    two = analyze_paths([DATA / "hta_sampled2"], hta_compatible=hta_compatible, workers=2)
+    assert one == two
+
+
+def test_parallel_analysis_names_bad_file_and_duplicate_rank(tmp_path: Path) -> None:
+    src = DATA / "hta_sampled2" / "sampled_rank-0.json.gz"
+    (tmp_path / "a.json.gz").write_bytes(src.read_bytes())
+    (tmp_path / "b.json.gz").write_bytes(src.read_bytes())
+    with pytest.raises(ValueError, match="rank 0 appears twice"):
+        analyze_paths(tmp_path, workers=2)
+    (tmp_path / "b.json.gz").write_bytes(b"not json at all")
+    with pytest.raises(ValueError, match="b.json.gz"):
+        analyze_paths(tmp_path, workers=2)
