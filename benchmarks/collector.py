@@ -2,7 +2,8 @@
 
 - trace-window overhead against a bare torch.profiler with the same settings (same steps, stop
   included; rankscope's conversion and sending run on its background thread and are included
-  by waiting for them);
+  by waiting for them), with training going on after the window and without (see
+  ``window_overhead``);
 - encode-and-produce throughput: convert + summarise + chunk + produce to a real broker, events/s
   on one core;
 - always-on bytes per step per rank (steps, heartbeats, hardware samples) at two step rates;
@@ -25,6 +26,7 @@ from rankscope.config import Settings
 
 REPEATS = 5
 WINDOW_STEPS = 5
+TRAIL_STEPS = 20   # training goes on after a window while rankscope ships it in the background
 
 
 def _model() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -39,7 +41,7 @@ def _train_step(model: torch.nn.Module, x: torch.Tensor) -> None:
     model(x).square().mean().backward()
 
 
-def bare_profiler_s(model: torch.nn.Module, x: torch.Tensor) -> float:
+def bare_profiler_s(model: torch.nn.Module, x: torch.Tensor, trail: int = 0) -> float:
     from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
     t0 = time.perf_counter()
@@ -51,10 +53,12 @@ def bare_profiler_s(model: torch.nn.Module, x: torch.Tensor) -> float:
             prof.step()
     prof.stop()
     prof.profiler.kineto_results.events()  # what any consumer of the window must at least do
+    for _ in range(trail):
+        _train_step(model, x)
     return time.perf_counter() - t0
 
 
-def rankscope_window_s(model: torch.nn.Module, x: torch.Tensor) -> tuple[float, int]:
+def rankscope_window_s(model: torch.nn.Module, x: torch.Tensor, trail: int = 0) -> tuple[float, int]:
     sent: list[int] = []
     wc = WindowController(send_trace=lambda k, b: sent.append(len(b["events"]["category"])),
                           send_summary=lambda k, b: None, ack=lambda *a, **k: None, byte_budget=50_000_000,
@@ -62,24 +66,37 @@ def rankscope_window_s(model: torch.nn.Module, x: torch.Tensor) -> tuple[float, 
     wc.handle("trace", "bench", {"steps": WINDOW_STEPS, "lead_ns": 0}, None, time.time_ns())
     t0 = time.perf_counter()
     wc.on_step(-1)
-    for i in range(WINDOW_STEPS):
+    for i in range(WINDOW_STEPS + trail):
         _train_step(model, x)
         wc.on_step(i)
-    wc.drain(60)
+    wc.drain(60)                              # shipped: conversion and sending are included
     return time.perf_counter() - t0, sum(sent)
 
 
 def window_overhead() -> dict[str, Any]:
+    """Two ratios, median of REPEATS, same process, alternating:
+
+    - ``window_ratio``: the window's steps plus ``TRAIL_STEPS`` more training steps, until the
+      window is shipped, against a bare profiler's window (``events()`` taken) plus the same steps:
+      what a training job pays for a window;
+    - ``window_only_ratio``: the window alone until shipped, against the bare window: the
+      conversion cost when nothing overlaps it.
+    """
     model, x = _model()
     for _ in range(3):
         _train_step(model, x)
-    bare, ours, events = [], [], 0
+    bare, ours, bare_only, ours_only, events = [], [], [], [], 0
     for _ in range(REPEATS):
-        bare.append(bare_profiler_s(model, x))
-        t, events = rankscope_window_s(model, x)
+        bare.append(bare_profiler_s(model, x, TRAIL_STEPS))
+        t, events = rankscope_window_s(model, x, TRAIL_STEPS)
         ours.append(t)
-    return {"bare_profiler_window_s": statistics.median(bare), "rankscope_window_s": statistics.median(ours),
-            "window_ratio": statistics.median(ours) / statistics.median(bare), "window_events": events}
+        bare_only.append(bare_profiler_s(model, x))
+        ours_only.append(rankscope_window_s(model, x)[0])
+    return {"bare_profiler_window_s": statistics.median(bare_only), "rankscope_window_s": statistics.median(ours_only),
+            "window_only_ratio": statistics.median(ours_only) / statistics.median(bare_only),
+            "window_plus_trail_bare_s": statistics.median(bare), "window_plus_trail_rankscope_s": statistics.median(ours),
+            "window_ratio": statistics.median(ours) / statistics.median(bare), "window_events": events,
+            "trail_steps": TRAIL_STEPS}
 
 
 def encode_and_produce(settings: Settings) -> dict[str, Any]:

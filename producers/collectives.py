@@ -124,7 +124,9 @@ def register_ddp_hook(model: Any, timer: CommTimer) -> None:
     """Record when each gradient bucket becomes ready on this rank; forward to the default all-reduce."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    def hook(state: Any, bucket: Any) -> Any:
+    # No annotations: DDP checks a hook's annotations against the real types, and with postponed
+    # evaluation of annotations they are strings.
+    def hook(state, bucket):  # type: ignore[no-untyped-def]
         timer.ddp_ready_ns = time.time_ns()
         return default_hooks.allreduce_hook(state, bucket)
 

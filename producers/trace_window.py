@@ -240,7 +240,7 @@ class WindowController:
 
         deadline = time.monotonic() + timeout_s
         while self._work.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.002)
 
 
 def collective_arrivals(cols: dict[str, Any], limit: int = 5000) -> dict[str, list[Any]]:

@@ -45,8 +45,10 @@ class Transport:
                 "message.timeout.ms": 300000,
                 "reconnect.backoff.max.ms": 2000,
                 "error_cb": self._on_error,
+                # Connection failures reach error_cb, which warns once; librdkafka's own ERR lines
+                # would repeat on every reconnect attempt into the training log.
                 "logger": logging.getLogger("rankscope.librdkafka"),
-                "log_level": 3,
+                "log_level": 2,
             }
             conf.update(producer_config or {})
             self._producer = Producer(conf)
