@@ -27,6 +27,7 @@ from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, WireError, decode, encode
 from stream_processors.monitor import JobMonitor
+from stream_processors.report_alerts import ReportAlerts
 from stream_processors.windows import WindowCollector
 
 log = logging.getLogger("rankscope.processors")
@@ -64,6 +65,7 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     reports_topic = app.topic(Topic.REPORTS.name_for(settings), partitions=settings.topic_partitions, **raw)
     control_topic = app.topic(Topic.CONTROL.name_for(settings), partitions=settings.topic_partitions, **raw)
     collector = WindowCollector()
+    report_alerts = ReportAlerts()
     auto_traced: dict[str, float] = {}
     table = app.Table("job-monitors", default=None, partitions=settings.topic_partitions,
                       schema=faust.Schema(key_type=bytes, key_serializer="raw", value_serializer="json"))
@@ -108,6 +110,9 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
         if report is not None:
             log.warning("report %s/%s: slow workers %s", job, window_id, [s["rank"] for s in report["slow_workers"]])
             await reports_topic.send(key=job.encode(), value=json.dumps(report, default=str).encode())
+            for alert in report_alerts.on_report(report, clock.wall_ns()):
+                log.warning("alert %s %s: %s", alert.status, alert.kind, alert.summary)
+                await alerts_topic.send(key=job.encode(), value=alert.to_json())
 
     @app.agent(summaries_topic, concurrency=1)
     async def reports(stream: Any) -> None:

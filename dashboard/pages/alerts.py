@@ -7,7 +7,8 @@ import streamlit as st
 from dashboard import queries, ui
 from rankscope.config import Settings
 
-KINDS = {"hang": "Hang", "dead_rank": "Dead rank", "slow_rank": "Slow rank"}
+KINDS = {"hang": "Hang", "dead_rank": "Dead rank", "slow_rank": "Slow rank",
+         "abnormal_worker": "Abnormal worker (report)"}
 
 
 def panel(cfg: Settings, kinds: list[str], show_resolved: bool) -> None:

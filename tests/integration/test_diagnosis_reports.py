@@ -13,7 +13,15 @@ import pytest
 
 from rankscope.admin import ensure_topics
 from rankscope.config import Settings
-from tests.integration.helpers import child_env, start_job, start_processors, stop_process, tail, wait_until
+from tests.integration.helpers import (
+    AlertReader,
+    child_env,
+    start_job,
+    start_processors,
+    stop_process,
+    tail,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.torchrun]
 
@@ -54,13 +62,20 @@ def traced_report(settings: Settings, work: Path, job: str, *job_args: str) -> d
 
 def test_report_names_slow_rank_and_function(processors: tuple[Settings, Path]) -> None:
     settings, work = processors
-    rep = traced_report(settings, work, f"rs-{uuid.uuid4().hex[:6]}", "--slow-rank", "1", "--slow-factor", "4")
+    job = f"rs-{uuid.uuid4().hex[:6]}"
+    rep = traced_report(settings, work, job, "--slow-rank", "1", "--slow-factor", "4")
     assert rep["ranks"] == [0, 1, 2, 3] and rep["missing_ranks"] == []
     assert [s["rank"] for s in rep["slow_workers"]] == [1], (rep["busy_ms"], rep["window_ms"])
     top = rep["causes"][0]
     assert top["rank"] == 1 and top["leaf"].endswith("slow_extra_compute"), rep["causes"][:3]
     assert any("gpu_compute" in x for x in rep["not_applicable"])
     assert rep["collective_arrivals"]["matched_calls"] > 0
+    reader = AlertReader(settings)            # the report raised an abnormal_worker alert naming rank 1
+    try:
+        alert = reader.wait_for(lambda a: a.job == job and a.kind == "abnormal_worker", 60, "abnormal_worker alert")
+    finally:
+        reader.close()
+    assert alert.ranks == [1] and alert.details["window_id"] == rep["window_id"], alert
 
 
 def test_healthy_run_reports_no_abnormal_worker(processors: tuple[Settings, Path]) -> None:
