@@ -15,10 +15,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankscope.commands.trace import build_request, parse_ranks
+from rankscope.commands.trace import build_request, iter_acks, parse_ranks
 from rankscope.config import Settings
 from rankscope.topics import Topic
-from rankscope.wire import WireError, decode
 
 MODES = ("once", "every_s", "every_steps", "continuous")
 MODE_LABELS = {"once": "once", "every_s": "every N seconds", "every_steps": "every K steps",
@@ -134,17 +133,7 @@ def request_window(settings: Settings, req: WindowRequest, wait_s: float = ACK_W
 
 def _collect(consumer: Any, req: WindowRequest, wait_s: float, expect: set[int] | None) -> list[Ack]:
     acks: list[Ack] = []
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        msg = consumer.poll(0.2)
-        if msg is None or msg.error():
-            continue
-        try:
-            env = decode(msg.value())
-        except WireError:
-            continue
-        if env.kind != "ack" or env.job != req.job or env.body.get("request_id") != req.request_id:
-            continue
+    for env in iter_acks(consumer, req.request_id, time.monotonic() + wait_s, job=req.job):
         acks.append(Ack(rank=env.rank, status=str(env.body["status"]), detail=str(env.body["detail"]),
                         window_id=str(env.body.get("window_id", "")), received_ns=time.time_ns()))
         if expect is not None and expect <= {a.rank for a in acks}:

@@ -13,6 +13,7 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from rankscope.config import Settings
@@ -110,6 +111,22 @@ def known_ranks(settings: Settings, job: str, timeout_s: float = 5.0) -> dict[st
     return jobs
 
 
+def iter_acks(consumer: Any, request_id: str, deadline: float, job: str | None = None,
+              poll_s: float = 0.2) -> Iterator[Envelope]:
+    """The ``ack`` envelopes answering ``request_id`` (of ``job`` if given) read from ``consumer``
+    until the monotonic ``deadline``; undecodable and unrelated messages are skipped."""
+    while time.monotonic() < deadline:
+        msg = consumer.poll(poll_s)
+        if msg is None or msg.error():
+            continue
+        try:
+            env = decode(msg.value())
+        except WireError:
+            continue
+        if env.kind == "ack" and env.body.get("request_id") == request_id and (job is None or env.job == job):
+            yield env
+
+
 def build_request(args: argparse.Namespace, ranks: list[int] | None, request_id: str, job: str) -> bytes:
     if args.stop:
         command, cargs = "stop", {}
@@ -189,16 +206,7 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
     done: set[int] = set()
     deadline = time.monotonic() + args.timeout
     try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.3)
-            if msg is None or msg.error():
-                continue
-            try:
-                env = decode(msg.value())
-            except WireError:
-                continue
-            if env.kind != "ack" or env.body["request_id"] != request_id:
-                continue
+        for env in iter_acks(consumer, request_id, deadline):
             st = env.body["status"]
             print(f"rank {env.rank}: {st} {env.body['detail']}", flush=True)
             if st == "done":
