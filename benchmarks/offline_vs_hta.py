@@ -12,7 +12,9 @@ Each tool runs in a fresh subprocess on the same folder:
 
 Measured per subprocess: wall time (start to exit, imports included), CPU time of the process tree
 (``os.wait4`` rusage: the process plus its waited-for children) and peak memory: the highest sum
-of RSS over the process tree, polled every 20 ms, or the child's ``ru_maxrss`` if higher.
+of RSS over the process tree, polled every 10 ms. (Not ``ru_maxrss``: Linux carries the forking
+process's high-water mark across fork and exec, so a child of a large benchmark process reports
+the parent's peak.)
 HTA needs pandas < 3, so it runs from its own virtual environment, created on first use at
 ``~/.cache/rankscope/hta-venv``. The results of the two are compared (temporal breakdown and
 overlap per rank, percentage points; note that HTA's numbers for an ``hta_sampled2`` rank move by
@@ -178,7 +180,7 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str] | None = None,
             proc.kill()
             _, status, rusage = os.wait4(proc.pid, 0)
             break
-        time.sleep(0.02)
+        time.sleep(0.01)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     for t in readers:
@@ -189,7 +191,6 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str] | None = None,
         if line.startswith("RESULT "):
             result = json.loads(line[len("RESULT "):])
             break
-    peak = max(peak, rusage.ru_maxrss * 1024)
     return {"wall_s": wall, "cpu_s": rusage.ru_utime + rusage.ru_stime, "peak_mb": peak / 2**20,
             "rc": proc.returncode, "result": result, "tail": (stderr or stdout)[-1500:]}
 
