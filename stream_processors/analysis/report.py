@@ -248,6 +248,12 @@ def rank_causes(df: pd.DataFrame, slow_ranks: list[int], ranks: list[int], world
                                  "_total": float(total)})
         out += [{k: v for k, v in c.items() if not k.startswith("_")} for c in _python_causes(mine_out)]
     out.sort(key=lambda c: c["excess_ms"], reverse=True)
+    # An op's time is spent inside some Python function: when a Python call path carries at least
+    # half the largest excess, it is the first cause (the function to look at; the ops follow).
+    py = next((c for c in out if c["category"] == "python"), None)
+    if py is not None and out and out[0] is not py and py["excess_ms"] >= 0.5 * out[0]["excess_ms"]:
+        out.remove(py)
+        out.insert(0, py)
     return out[:top]
 
 

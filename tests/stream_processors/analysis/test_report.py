@@ -123,3 +123,10 @@ def test_one_stretched_call_does_not_make_a_worker_slow():
     slow = rows(slow_rank=3)                                          # every call slower: slow
     slow["median_ns"] = slow["total_ns"] // slow["count"]
     assert [s["rank"] for s in build_report(slow, job="j", window_id="w")["slow_workers"]] == [3]
+
+
+def test_python_function_comes_before_the_ops_it_runs():
+    df = rows(slow_rank=2)
+    df.loc[(df["rank"] == 2) & (df["name"] == "aten::mm"), "total_ns"] += 5_000_000   # op excess 35 ms > path 31 ms
+    rep = build_report(df, job="j", window_id="w")
+    assert rep["causes"][0]["leaf"] == "slow_extra_compute" and rep["causes"][1]["function"] == "aten::mm"
