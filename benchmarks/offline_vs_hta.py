@@ -11,7 +11,9 @@ Each tool runs in a fresh subprocess on the same folder:
     then ``get_temporal_breakdown()``, ``get_comm_comp_overlap()``, ``get_gpu_kernel_breakdown()``.
 
 Measured per subprocess: wall time (start to exit, imports included), CPU time of the process tree
-(``os.wait4`` rusage: the process plus its waited-for children) and peak memory: the highest sum
+(``os.wait4`` rusage: the process plus its waited-for children, or the sum of the last CPU times
+polled for every process of the tree if larger: a forkserver's workers are not waited for by the
+measured process) and peak memory: the highest sum
 of RSS over the process tree, polled every 10 ms. (Not ``ru_maxrss``: Linux carries the forking
 process's high-water mark across fork and exec, so a child of a large benchmark process reports
 the parent's peak.)
@@ -136,7 +138,10 @@ def hta_python() -> Path:
 
 # --------------------------------------------------------------------------- measuring
 
-def _tree_rss(proc: psutil.Process) -> int:
+def _tree_rss(proc: psutil.Process, cpu_seen: dict[int, float] | None = None) -> int:
+    """Sum of RSS over the process tree; also records each process's CPU time in ``cpu_seen``
+    (processes that are not waited for by the measured one, such as a forkserver's workers,
+    are missing from its rusage)."""
     total = 0
     try:
         procs = [proc, *proc.children(recursive=True)]
@@ -145,6 +150,9 @@ def _tree_rss(proc: psutil.Process) -> int:
     for p in procs:
         try:
             total += p.memory_info().rss
+            if cpu_seen is not None:
+                t = p.cpu_times()
+                cpu_seen[p.pid] = max(cpu_seen.get(p.pid, 0.0), t.user + t.system)
         except psutil.Error:
             pass
     return total
@@ -157,6 +165,7 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str] | None = None,
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ps = psutil.Process(proc.pid)
     peak = 0
+    cpu_seen: dict[int, float] = {}
     out_parts: dict[str, str] = {}
 
     def read(name: str, stream: Any) -> None:
@@ -173,7 +182,7 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str] | None = None,
         if pid:
             status, rusage = st, ru
             break
-        peak = max(peak, _tree_rss(ps))
+        peak = max(peak, _tree_rss(ps, cpu_seen))
         if time.monotonic() > deadline:
             for c in ps.children(recursive=True):
                 c.kill()
@@ -191,7 +200,10 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str] | None = None,
         if line.startswith("RESULT "):
             result = json.loads(line[len("RESULT "):])
             break
-    return {"wall_s": wall, "cpu_s": rusage.ru_utime + rusage.ru_stime, "peak_mb": peak / 2**20,
+    # CPU: the process and its waited-for children (rusage), or the last CPU time seen of every
+    # process of the tree while polling, whichever is larger.
+    cpu = max(rusage.ru_utime + rusage.ru_stime, sum(cpu_seen.values()))
+    return {"wall_s": wall, "cpu_s": cpu, "peak_mb": peak / 2**20,
             "rc": proc.returncode, "result": result, "tail": (stderr or stdout)[-1500:]}
 
 

@@ -129,8 +129,12 @@ def analyze_paths(
     workers = max(1, min(workers, len(files)))
     if workers == 1:
         return analyze_traces(load_traces(files), hta_compatible=hta_compatible, top_k=top_k)
+    # Not fork: the caller may have threads (Kafka clients, chDB, the dashboard) whose locks a
+    # forked child would inherit held. A forkserver starts clean and forks the workers from there.
     methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload(["stream_processors.analysis.offline"])
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         parts = list(pool.map(_analyze_file, files, repeat(hta_compatible), repeat(top_k), chunksize=1))
     return merge_reports(parts, hta_compatible)
