@@ -225,3 +225,23 @@ CREATE TABLE IF NOT EXISTS {db}.reports
 )
 ENGINE = ReplacingMergeTree(created_ns)
 ORDER BY (job, window_id)
+;
+-- Flight recorder dumps a rank sends when an alert or a control message asks (last step records
+-- [step, start_ns, end_ns, comm_ns] and every thread's stack, both as JSON).
+CREATE TABLE IF NOT EXISTS {db}.flight_records
+(
+    job LowCardinality(String),
+    rank Int32,
+    ts_ns Int64,
+    request_id String,
+    reason String,
+    host LowCardinality(String),
+    pid Int32,
+    steps String,
+    stacks String,
+    ts DateTime64(3) MATERIALIZED fromUnixTimestamp64Nano(ts_ns)
+)
+ENGINE = ReplacingMergeTree
+ORDER BY (job, rank, ts_ns)
+TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL 90 DAY
+;

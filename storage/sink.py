@@ -73,9 +73,9 @@ _client_log.addFilter(_RepeatFilter())
 
 STAGE = "sink"
 SINK_TOPICS = (Topic.STEPS, Topic.STATS, Topic.ALERTS, Topic.DEADLETTER, Topic.HW, Topic.TRACES, Topic.SUMMARIES,
-               Topic.REPORTS)
+               Topic.REPORTS, Topic.CONTROL)
 # Kinds the sink stores; other valid kinds on its topics are counted as skipped.
-STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", "summary"})
+STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", "summary", "flight"})
 
 _I64 = (-(2**63), 2**63 - 1)
 _I32 = (-(2**31), 2**31 - 1)
@@ -96,6 +96,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "alert_events": ("alert_id", "job", "kind", "status", "version", "updated_ns", "body"),
     "deadletters": ("ts_ns", "source_topic", "partition", "offset", "stage", "reason", "detail", "payload_b64"),
     "reports": ("job", "window_id", "created_ns", "body"),
+    "flight_records": ("job", "rank", "ts_ns", "request_id", "reason", "host", "pid", "steps", "stacks"),
     "trace_events": ("job", "window_id", "rank", "category", "name", "start_ns", "dur_ns", "device", "stream", "step",
                      "bytes", "attrs"),
     "function_summaries": ("job", "window_id", "rank", "category", "name", "count", "total_ns", "median_ns",
@@ -204,6 +205,15 @@ def heartbeat_row(env: Envelope) -> dict[str, Any]:
             "since_step_s": _float(b["since_step_s"], "heartbeat.since_step_s"),
             "dropped": _int(b["dropped"], "heartbeat.dropped"), "host": env.host, "pid": env.pid,
             "seq": env.seq, "stacks": "" if stacks is None else json.dumps(stacks, separators=(",", ":"))}
+
+
+def flight_row(env: Envelope) -> dict[str, Any]:
+    b = env.body
+    steps = [_int_list(r, "flight.steps[]", len(r) if isinstance(r, list) else -1) for r in b["steps"]]
+    stacks = b["stacks"]
+    return {"job": env.job, "rank": env.rank, "ts_ns": env.sent_ns, "request_id": str(b.get("request_id", "")),
+            "reason": b["reason"], "host": env.host, "pid": env.pid, "steps": json.dumps(steps, separators=(",", ":")),
+            "stacks": "" if stacks is None else json.dumps(stacks, separators=(",", ":"))}
 
 
 STATS_FIELDS: dict[str, Callable[[Any, str], Any]] = {
@@ -720,6 +730,8 @@ class Sink:
             batch.rows += cols.rows - before
         elif kind == "trace":
             batch.rows += trace_columns(env, batch.table("trace_events"))
+        elif kind == "flight":
+            self._add_row(batch, "flight_records", flight_row(env))
         elif kind == "summary":
             cols = batch.table("function_summaries")
             before = cols.rows

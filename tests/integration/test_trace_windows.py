@@ -3,6 +3,7 @@ torch.profiler for exactly the requested steps -> traces/summaries topics -> sin
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -175,7 +176,7 @@ def test_bad_requests_are_answered_and_the_job_goes_on(traced_job: tuple[Setting
 
 
 def test_flight_recorder_is_sent_on_request(traced_job: tuple[Settings, Store, str, Path]) -> None:
-    settings, _, job, _ = traced_job
+    settings, store, job, _ = traced_job
     control = TopicReader(settings, Topic.CONTROL)
     control.poll(2.0)
     producer = Producer({"bootstrap.servers": settings.bootstrap})
@@ -197,3 +198,7 @@ def test_flight_recorder_is_sent_on_request(traced_job: tuple[Settings, Store, s
     steps = [s[0] for s in body["steps"]]
     assert steps == sorted(steps) and steps[-1] - steps[0] == settings.flight_steps - 1
     assert any(s["thread"] == "MainThread" for s in body["stacks"])
+    # ... and stored by the sink.
+    sql = f"SELECT rank, request_id, steps FROM rankscope.flight_records WHERE job = '{job}' AND request_id = 'fl-1'"
+    rows = wait_until(lambda: store.query_rows(sql), 60, "the flight record in ClickHouse")
+    assert rows[0][0] == 1 and len(json.loads(rows[0][2])) == settings.flight_steps

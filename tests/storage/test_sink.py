@@ -62,6 +62,12 @@ def heartbeat_msg(rank: int, step: int, seq: int, sent_ns: int, stacks: list | N
                       job=job, rank=rank, seq=seq, sent_ns=sent_ns))
 
 
+def flight_msg(rank: int, seq: int, sent_ns: int, steps: list, job: str = "job-a") -> bytes:
+    return encode(env("flight", {"steps": steps, "stacks": [{"thread": "MainThread", "frames": ["train.py:56 hang"]}],
+                                 "reason": "alert job-a:hang:1", "request_id": "flight-1"},
+                      job=job, rank=rank, seq=seq, sent_ns=sent_ns))
+
+
 def exit_msg(rank: int, step: int, seq: int, sent_ns: int, job: str = "job-a") -> bytes:
     return encode(env("exit", {"step": step, "reason": "exception", "detail": "RuntimeError: boom"},
                       job=job, rank=rank, seq=seq, sent_ns=sent_ns))
@@ -337,10 +343,15 @@ def test_sink_stores_valid_records_and_dead_letters_the_rest(sink_settings: Sett
         if bad:
             target.append(bad.pop(0))
     phase2 += bad
+    # Control topic: flight records are stored, commands and acks are not, a bad flight record is dead-lettered.
+    phase2 += [(Topic.CONTROL, key, flight_msg(1, 1000, T0 + 10**12, [[298, T0, T0 + 8, 3], [299, T0 + 9, T0 + 17, 3]])),
+               (Topic.CONTROL, key, encode(env("control", {"command": "flight", "request_id": "flight-1", "ranks": None,
+                                                           "args": {}}, rank=-1, seq=1, sent_ns=T0))),
+               (Topic.CONTROL, key, flight_msg(0, 1001, T0 + 10**12, [["not", "ints"]]))]
     phase2 += [(Topic.STEPS, key, exit_msg(1, steps_per_rank - 1, 999, T0 + 10**12)),
                (Topic.ALERTS, key, alert_json(1, "open")), (Topic.ALERTS, key, alert_json(2, "update")),
                (Topic.DEADLETTER, b"elsewhere", dl_manual.to_json())]
-    n_bad = 12
+    n_bad = 13   # 3 x 3 bad in steps/stats/hw, 2 bad alerts, 1 bad dead letter, 1 bad flight record
 
     produce(s, phase1)
     sink = Sink(s, store)
@@ -351,7 +362,7 @@ def test_sink_stores_valid_records_and_dead_letters_the_rest(sink_settings: Sett
         produce(s, phase2)
         n_chunks = steps_per_rank // chunk
         expected = {"steps": 2 * steps_per_rank, "heartbeats": 2 * n_chunks, "worker_stats": 2 * n_chunks,
-                    "hw_samples": n_chunks * 4 * 2, "alert_events": 2, "alerts": 1}
+                    "hw_samples": n_chunks * 4 * 2, "alert_events": 2, "alerts": 1, "flight_records": 1}
         for table, n in expected.items():
             sql = f"SELECT count() FROM rankscope.{table} FINAL"
             wait_until(f"{n} rows in {table}", lambda sql=sql, n=n: count(store, sql) >= n)  # type: ignore[misc]
@@ -376,6 +387,8 @@ def test_sink_stores_valid_records_and_dead_letters_the_rest(sink_settings: Sett
         stacks = store.query_rows("SELECT rank, any(stacks) FROM rankscope.heartbeats FINAL GROUP BY rank ORDER BY rank")
         assert stacks[0] == (0, "") and json.loads(stacks[1][1])[0]["thread"] == "MainThread"
         assert count(store, "SELECT count() FROM rankscope.hw_samples FINAL WHERE metric = 'power_w'") == 0
+        [(fr_rank, fr_steps, fr_stacks)] = store.query_rows("SELECT rank, steps, stacks FROM rankscope.flight_records")
+        assert fr_rank == 1 and json.loads(fr_steps)[-1][0] == 299 and "hang" in fr_stacks
 
         ranks = store.query_df("SELECT * FROM rankscope.ranks FINAL ORDER BY rank").to_dict("records")
         assert [(r["rank"], r["host"], r["pid"], r["world_size"], r["local_rank"], r["last_step"]) for r in ranks] == [
@@ -390,7 +403,7 @@ def test_sink_stores_valid_records_and_dead_letters_the_rest(sink_settings: Sett
 
         reasons = sink.stats()["dead_letter_reasons"]
         assert reasons == {"sink:not_msgpack": 6, "sink:unknown_version": 3, "sink:bad_alert": 2,
-                           "sink:bad_deadletter": 1}
+                           "sink:bad_deadletter": 1, "sink:bad_body": 1}
 
         # The dead letters are on the deadletter topic itself, with the source and reason.
         values = read_topic(s, Topic.DEADLETTER, expect=1 + 1 + n_bad)
@@ -405,7 +418,7 @@ def test_sink_stores_valid_records_and_dead_letters_the_rest(sink_settings: Sett
         assert len(sink_dls) == n_bad
         assert {d.source_topic for d in sink_dls} == {t.name_for(s) for t in
                                                        (Topic.STEPS, Topic.STATS, Topic.HW, Topic.ALERTS,
-                                                        Topic.DEADLETTER)}
+                                                        Topic.DEADLETTER, Topic.CONTROL)}
         st = sink.stats()
         assert st["rows"]["steps"] == 2 * steps_per_rank and st["store_errors"] == 0 and st["last_commit"]
     finally:
