@@ -262,6 +262,43 @@ def step_times(store: Store, job: str, last_n: int = 200) -> pd.DataFrame:
     return df if not df.empty else pd.DataFrame(columns=STEP_COLUMNS)
 
 
+FLIGHT_COLUMNS = ["rank", "sent", "request_id", "reason", "steps", "first_step", "last_step", "stacks"]
+
+
+def flight_records(store: Store, job: str, limit: int = 64) -> pd.DataFrame:
+    """The latest flight-recorder dump of each rank of a job (:data:`FLIGHT_COLUMNS`, by rank).
+
+    ``steps`` = step records in the dump; ``first_step``/``last_step`` their range (-1 if none);
+    ``stacks`` = the dump's thread stacks as a list of ``{"thread", "frames"}`` (outermost first).
+    """
+    _check_positive("limit", limit)
+    sql = f"""
+        SELECT rank, max(ts_ns) AS last_ns, argMax(request_id, ts_ns) AS req,
+               argMax(reason, ts_ns) AS why, argMax(steps, ts_ns) AS step_json, argMax(stacks, ts_ns) AS stack_json
+        FROM {store.database}.flight_records
+        WHERE job = {{job:String}}
+        GROUP BY rank ORDER BY rank LIMIT {{n:Int64}}
+    """
+    df = store.query_df(sql, {"job": job, "n": int(limit)})
+    if df.empty:
+        return pd.DataFrame(columns=FLIGHT_COLUMNS)
+
+    def parse(text: str) -> list[Any]:
+        try:
+            v = json.loads(text) if text else []
+        except ValueError:
+            return []
+        return v if isinstance(v, list) else []
+
+    steps = df["step_json"].map(parse)
+    return pd.DataFrame({
+        "rank": df["rank"].astype(int), "sent": _ts(df["last_ns"]), "request_id": df["req"],
+        "reason": df["why"], "steps": steps.map(len),
+        "first_step": steps.map(lambda s: int(s[0][0]) if s and isinstance(s[0], list) and s[0] else -1),
+        "last_step": steps.map(lambda s: int(s[-1][0]) if s and isinstance(s[-1], list) and s[-1] else -1),
+        "stacks": df["stack_json"].map(parse)})[FLIGHT_COLUMNS]
+
+
 HEATMAP_METRICS = {"step_ms": "duration_ns", "busy_ms": "busy_ns", "comm_ms": "comm_ns"}
 
 

@@ -66,6 +66,22 @@ def step_charts(cfg: Settings, job: str, world: int) -> None:
                "with the longest busy time and the shortest collective wait.")
 
 
+def flight_panel(cfg: Settings, job: str) -> None:
+    """The ranks' latest flight-recorder dumps (sent when a hang alert or a request asks)."""
+    flights = ui.query(cfg, "flight_records", job=job)
+    if flights.empty:
+        return
+    with st.expander(f"Flight records ({len(flights)} rank{'s' if len(flights) > 1 else ''})"):
+        st.dataframe(flights.drop(columns=["stacks"]), hide_index=True,
+                     column_config={"rank": "Rank", "sent": "Sent", "request_id": "Request", "reason": "Reason",
+                                    "steps": "Step records", "first_step": "First step", "last_step": "Last step"})
+        for row in flights.itertuples():
+            main = [t for t in row.stacks if isinstance(t, dict) and t.get("thread") == "MainThread"]
+            if main:
+                st.markdown(f"**Rank {row.rank}**, main thread at its last dump")
+                st.code("\n".join(str(f) for f in main[0].get("frames", [])), language=None)
+
+
 def panel(cfg: Settings, job: str) -> None:
     ranks = ui.query(cfg, "ranks", job=job, dead_after_s=cfg.dead_after_s)
     alerts = ui.query(cfg, "alerts", job=job)
@@ -94,6 +110,7 @@ def panel(cfg: Settings, job: str) -> None:
     st.subheader("Alerts")
     if alerts.empty:
         st.caption("No alerts for this job: no hang, dead rank or straggler detected.")
+        flight_panel(cfg, job)
         return
     groups = queries.parse_stack_groups(alerts)
     lost = queries.lost_time(alerts, {job: world})
@@ -121,6 +138,7 @@ def panel(cfg: Settings, job: str) -> None:
                        "estimated": st.column_config.CheckboxColumn(
                            "Estimated", help="world size x duration, when the processors sent no figure")},
     )
+    flight_panel(cfg, job)
 
 
 st.title("Job")

@@ -135,6 +135,11 @@ def populate(store: Store, now_ns: int | None = None) -> int:
     store.insert("function_summaries", summaries)
     store.insert("reports", [{"job": HANG_JOB, "window_id": WINDOW_ID, "created_ns": now - 60 * S,
                               "body": json.dumps(sample_report())}])
+    stack = [{"thread": "MainThread", "frames": ["train.py:88 main", f"train.py:56 {HANG_FUNCTION}"]}]
+    store.insert("flight_records", [
+        {"job": HANG_JOB, "rank": 3, "ts_ns": now - 20 * S - k, "request_id": "flight-x", "reason": "alert",
+         "host": "node-b", "pid": 4003, "steps": json.dumps([[s, 0, 0, 0] for s in range(40 - k, 58)]),
+         "stacks": json.dumps(stack)} for k in (0, 5)])   # two dumps: the latest (k=0) is shown
     return now
 
 

@@ -287,3 +287,18 @@ def test_rank_medians_use_each_ranks_last_steps(store):
     last5 = steps.sort_values("step").groupby("rank").tail(5)
     want = (last5.groupby("rank")["busy_ns"].median() / 1e6).round(2)
     assert got["median_busy_ms"].to_dict() == pytest.approx(want.to_dict())
+
+
+def test_flight_records_latest_per_rank(store):
+    df = q.flight_records(store, sd.HANG_JOB)
+    assert list(df.columns) == q.FLIGHT_COLUMNS and list(df["rank"]) == [3]
+    row = df.iloc[0]
+    assert (row["steps"], row["first_step"], row["last_step"]) == (18, 40, 57)
+    assert sd.HANG_FUNCTION in row["stacks"][0]["frames"][-1]
+    assert q.flight_records(store, sd.OK_JOB).empty
+
+
+def test_job_page_shows_flight_records(app_env):
+    at = open_page("pages/job.py", job=sd.HANG_JOB)
+    assert not at.exception, at.exception
+    assert "Rank 3" in page_text(at) and any("train.py:56" in c.value for c in at.code)
