@@ -47,16 +47,22 @@ def wait_for_text(page: Any, text: str | re.Pattern[str], timeout_s: float = 30.
 
     Raises AssertionError naming the text, the URL and how long it waited.
     """
-    from playwright.sync_api import TimeoutError as PwTimeout
+    from playwright.sync_api import Error as PwError
 
-    loc = page.get_by_text(text).first
+    # Any visible match counts: the first match in the DOM may be hidden (a collapsed expander, the
+    # data grid's accessibility table), and which comes first depends on rendering order.
+    matches = page.get_by_text(text)
     t0 = time.monotonic()
-    try:
-        loc.wait_for(state="visible", timeout=timeout_s * 1000)
-    except PwTimeout:
-        raise AssertionError(f"text {text!r} not visible on {page.url} after {time.monotonic() - t0:.1f} s"
-                             ) from None
-    return loc
+    while True:
+        try:
+            for loc in matches.all():
+                if loc.is_visible():
+                    return loc
+        except PwError:             # an element went away between all() and is_visible()
+            pass
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"text {text!r} not visible on {page.url} after {time.monotonic() - t0:.1f} s")
+        time.sleep(0.25)
 
 
 def wait_for_charts(page: Any, timeout_s: float = 30.0) -> int:
