@@ -49,7 +49,7 @@ def traced_report(settings: Settings, work: Path, job: str, *job_args: str) -> d
     try:
         wait_until(lambda: known_ranks(settings, job).get(job) == [0, 1, 2, 3], 180, f"stats for {job}")
         out_dir = work / f"{job}-report"
-        out = subprocess.run([sys.executable, "-m", "rankscope", "trace", "--job", job, "--steps", "5", "--auto-analyze",
+        out = subprocess.run([sys.executable, "-m", "rankscope", "trace", "--job", job, "--steps", "10", "--auto-analyze",
                               "--output-dir", str(out_dir), "--timeout", "180"], env=child_env(settings),
                              capture_output=True, text=True, timeout=400)
         assert out.returncode == 0, out.stdout + out.stderr + tail(log)
