@@ -11,7 +11,9 @@ Rules (see README "Detection rules"):
 - dead: heartbeats silent for dead_after_s relative to the job's freshest rank (or the whole job
   silent for 3 x dead_after_s), with no exit record; the first to go silent is the likely cause;
 - culprit of a whole-job stall: the ranks at the lowest step; among them those whose main-thread
-  stack is not waiting in a collective; identical stacks are grouped across ranks;
+  stack is not waiting in a collective; identical stacks are grouped across ranks; a partial stall
+  names its stalled ranks that are not waiting in a collective, and when all of them wait, the
+  alert waits a grace period (5 heartbeats, >= 5 s) for the rank they wait for to cross too;
 - slow rank: median busy time (step time minus collective wait) over the last straggler_window
   steps, compared across ranks with median/MAD (robust z) and a relative floor; flagged for
   straggler_persist consecutive evaluations (one every straggler_window/4 steps of the slowest
@@ -68,6 +70,7 @@ class JobMonitor:
     steps_since_stats: int = 0
     lost_rank_seconds: float = 0.0
     incident_count: int = 0
+    waiters_stalled_since_s: float = -1.0  # when only ranks waiting in collectives crossed the threshold
     pending: list[Alert] = field(default_factory=list)  # raised while ingesting, returned by scan()
 
     # Serialisation (faust table values) ------------------------------------------------------
@@ -181,6 +184,11 @@ class JobMonitor:
                 states[r] = "running"
         return states
 
+    @staticmethod
+    def partial_stall_grace_s(settings: Settings) -> float:
+        """How long a stall of ranks that all wait in collectives may stay partial before they are named."""
+        return max(5 * settings.heartbeat_s, 2 * settings.scan_interval_s, 5.0)
+
     def _hang_rule(self, now_s: float, settings: Settings, dead: set[int]) -> list[Alert]:
         thr = self.hang_threshold_s(settings)
         live = [st for st in self.ranks.values() if not st.exit_reason and st.rank not in dead]
@@ -191,6 +199,7 @@ class JobMonitor:
             reasons = sorted({self.ranks[r].exit_reason for r in cur["ranks"] if r in self.ranks})
             return self._resolve("hang", now_s, f"culprit ranks exited ({', '.join(reasons)})")
         if not stalled:
+            self.waiters_stalled_since_s = -1.0
             return self._resolve("hang", now_s, "progress resumed")
         whole_job = len(stalled) == len(live)
         if crashed and cur is None:
@@ -201,7 +210,20 @@ class JobMonitor:
             not_waiting = [st for st in at_min if st.stacks and not waiting_in_collective(main_stack(st.stacks))]
             culprits = not_waiting or at_min
         else:
-            culprits = stalled
+            # Ranks cross the threshold a heartbeat apart: when only ranks waiting in a collective
+            # have crossed it, the rank they wait for is about to. Wait up to a grace period
+            # instead of naming the victims; a stalled rank that is not waiting is named at once.
+            not_waiting = [st for st in stalled if st.stacks and not waiting_in_collective(main_stack(st.stacks))]
+            if not_waiting:
+                culprits = not_waiting
+            else:
+                if self.waiters_stalled_since_s < 0:
+                    self.waiters_stalled_since_s = now_s
+                if cur is None and now_s - self.waiters_stalled_since_s < self.partial_stall_grace_s(settings):
+                    return []
+                culprits = stalled
+        if whole_job or culprits is not stalled:
+            self.waiters_stalled_since_s = -1.0
         groups = group_stacks(stalled)
         ranks = sorted(st.rank for st in culprits)
         step = min(st.last_step for st in culprits)

@@ -130,3 +130,38 @@ def test_backlog_read_at_once_still_finds_the_slow_rank():
     alerts = mon.scan(100.0, S)
     assert (alerts[0].kind, alerts[0].status, alerts[0].ranks) == ("slow_rank", "open", [1])
     assert all(a.kind == "slow_rank" and a.ranks == [1] for a in alerts)
+
+
+def test_waiters_crossing_the_threshold_first_are_not_named():
+    mon = JobMonitor(job="j")
+    feed_healthy(mon, 100.0, n=30)
+    wait = [{"thread": "MainThread", "frames": WAIT_FRAMES}]
+    # Ranks 0 and 2 report first: stalled and waiting in a collective; 1 and 3 not over the threshold yet.
+    for r in (0, 2):
+        mon.apply(hb(r, 29, 11.0, wait), 111.0, S)
+    for r in (1, 3):
+        mon.apply(hb(r, 29, 9.0), 111.0, S)
+    assert mon.scan(111.0, S) == []                       # not ranks 0,2: they are the victims
+    for r in range(4):
+        frames = HANG_FRAMES if r == 3 else WAIT_FRAMES
+        mon.apply(hb(r, 29, 12.0, [{"thread": "MainThread", "frames": frames}]), 112.0, S)
+    [a] = mon.scan(112.0, S)
+    assert a.kind == "hang" and a.ranks == [3]
+
+
+def test_partial_stall_of_waiters_is_named_after_the_grace_period():
+    mon = JobMonitor(job="j")
+    feed_healthy(mon, 100.0, n=30)
+    wait = [{"thread": "MainThread", "frames": WAIT_FRAMES}]
+    grace = JobMonitor.partial_stall_grace_s(S)
+    t = 111.0
+    while True:                                           # ranks 1 and 3 keep stepping; 0 and 2 wait
+        for r in (0, 2):
+            mon.apply(hb(r, 29, t - 100.0, wait), t, S)
+        for r in (1, 3):
+            mon.apply(hb(r, 29, 0.5), t, S)
+        alerts = mon.scan(t, S)
+        if alerts or t > 111.0 + grace + 2:
+            break
+        t += 1.0
+    assert [a.ranks for a in alerts] == [[0, 2]] and t >= 111.0 + grace
