@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,10 +75,27 @@ def test_produce_consume_1000(fresh_topics: Settings) -> None:
     assert len(partitions) > 1  # keys spread over the topic's partitions
 
 
+@pytest.fixture
+def local_broker_settings(kafka_settings: Settings, tmp_path: Path) -> Iterator[Settings]:
+    """The session's local broker; with an external cluster configured, a local one of its own."""
+    if kafka_settings.local_broker:
+        yield kafka_settings
+        return
+    from tests.conftest import free_port
+
+    own = kafka_settings.with_overrides(bootstrap_servers="", data_dir=str(tmp_path), kafka_port=free_port(),
+                                        kafka_controller_port=free_port())
+    broker = LocalBroker(own)
+    broker.start(timeout_s=120)
+    try:
+        yield own
+    finally:
+        broker.stop()
+
+
 @pytest.mark.kafka
-def test_start_reuses_running_broker(kafka_settings: Settings) -> None:
-    if not kafka_settings.local_broker:
-        pytest.skip("external Kafka cluster: no local broker to reuse")
+def test_start_reuses_running_broker(local_broker_settings: Settings) -> None:
+    kafka_settings = local_broker_settings
     broker = LocalBroker(kafka_settings)
     pid = broker.pid()
     assert pid is not None and broker.is_running()
