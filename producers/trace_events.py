@@ -295,26 +295,6 @@ def _op_name(raw: str) -> str:
     return raw.replace("_", "").lower()
 
 
-def _simple_category(at: Any, name: Any) -> int | None:
-    """The category of every event of this (type, name) without metadata, or None when the event
-    itself must be looked at (collectives, memcpy kinds, markers with attrs)."""
-    if at == "python_function":
-        return PYTHON
-    if not isinstance(name, str):
-        return None
-    if at == "cpu_op":
-        return None if _is_collective_cpu(name) else CPU_OP
-    if at == "user_annotation":
-        return None if name.startswith(("gloo:", "nccl:")) else ANNOTATION
-    if at == "kernel":
-        return None if name.startswith("nccl") else KERNEL
-    if at == "gpu_memset":
-        return MEMSET
-    if at in _RUNTIME_TYPES:
-        return RUNTIME
-    return None
-
-
 def _categorise(e: dict[str, Any]) -> tuple[int, dict[str, Any] | None, int]:
     """(category code, attrs, bytes) of one event dict."""
     at, name = e["type"], e["name"]
@@ -408,74 +388,61 @@ def to_columnar(events: Sequence[dict[str, Any]], window_id: str, first_step: in
     Window bounds: the span of the steps if known, else of all events.
     """
     n = len(events)
-    try:
-        types = [e["type"] for e in events]
-        raw_names = [e["name"] for e in events]
-        start_l = [e["start_ns"] for e in events]
-        dur_l = [e.get("dur_ns", 0) for e in events]
-        dev_l = [e.get("device", -1) for e in events]
-        stream_l = [e.get("stream", -1) for e in events]
-        corr_l = [e.get("corr", 0) for e in events]
-        linked_l = [e.get("linked", 0) for e in events]
-        tid_raw = [e.get("tid", -1) for e in events]
-        bytes_raw = [e.get("bytes", 0) or 0 for e in events]
-        has_meta = [i for i, e in enumerate(events) if e.get("meta") or e.get("shapes")]
-    except (KeyError, TypeError, AttributeError) as exc:
-        i = next((k for k, e in enumerate(events)
-                  if not isinstance(e, dict) or "type" not in e or "name" not in e or "start_ns" not in e), 0)
-        raise ValueError(f"event {i} is not an event dict ({type(exc).__name__}: {exc}): "
-                         f"{events[i]!r:.120}") from None
-    # Category by (type, name) where the event's own metadata cannot change it; None = ask _categorise.
-    simple: dict[tuple[Any, Any], int | None] = {}
-    special = set(has_meta)
-    cat_l: list[int] = [0] * n
-    attrs: list[dict[str, Any] | None] = [None] * n
-    bytes_l: list[int] = [0] * n
+    cat_l: list[int] = []
+    dev_l: list[int] = []
+    bytes_l: list[int] = []
+    name_l: list[int] = []
+    start_l: list[int] = []
+    dur_l: list[int] = []
+    stream_l: list[int] = []
+    corr_l: list[int] = []
+    tid_l: list[int] = []
+    linked_l: list[int] = []
+    attrs: list[dict[str, Any] | None] = []
     names: list[str] = []
     name_index: dict[str, int] = {}
-    name_l: list[int] = [0] * n
     py_rows: list[int] = []
     i = -1
     try:
-        for i in range(n):
-            t, nm = types[i], raw_names[i]
-            key = (t, nm)
-            c = simple.get(key, -1)
-            if c == -1:
-                c = simple[key] = _simple_category(t, nm)
-            if c is None or i in special:
-                c, a, b = (PYTHON, None, 0) if t == "python_function" else _categorise(events[i])
-                attrs[i] = a
-                bytes_l[i] = b
-            elif c in (CPU_OP, KERNEL, MEMSET):
-                bytes_l[i] = int(bytes_raw[i])
-            cat_l[i] = c
-            if c == PYTHON:
+        for i, e in enumerate(events):
+            nm = e["name"]
+            if e["type"] == "python_function":
+                c, a, b, d, tid_v = PYTHON, None, 0, -1, e.get("tid", -1)
                 py_rows.append(i)
                 if " at 0x" in nm:
                     nm = _ADDR_RE.sub("", nm)
+            else:
+                d = e.get("device", -1)
+                c, a, b = _categorise(e)
+                tid_v = -1 if d >= 0 else e.get("tid", -1)
             idx = name_index.get(nm)
             if idx is None:
                 idx = name_index[nm] = len(names)
                 names.append(nm)
-            name_l[i] = idx
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            cat_l.append(c)
+            dev_l.append(d)
+            bytes_l.append(b)
+            attrs.append(a)
+            name_l.append(idx)
+            start_l.append(e["start_ns"])
+            dur_l.append(e.get("dur_ns", 0))
+            stream_l.append(e.get("stream", -1))
+            corr_l.append(e.get("corr", 0))
+            tid_l.append(tid_v)
+            linked_l.append(e.get("linked", 0))
+    except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"event {i} is not an event dict ({type(exc).__name__}: {exc}): "
                          f"{events[i]!r:.120}") from None
 
-    def arr(values: list[Any], name: str) -> np.ndarray:
+    def arr(values: list[int], name: str) -> np.ndarray:
         try:
             return np.array(values, dtype=np.int64)
         except (TypeError, ValueError, OverflowError) as exc:
             raise ValueError(f"event column {name} holds a non-integer: {exc}") from None
 
     cat, dev, nbytes, name_ids = arr(cat_l, "category"), arr(dev_l, "device"), arr(bytes_l, "bytes"), arr(name_l, "name")
-    is_py = cat == PYTHON
-    if is_py.any():
-        dev[is_py] = -1                        # python frames are host-side whatever they claim
     start, dur, stream = arr(start_l, "start_ns"), np.maximum(arr(dur_l, "dur_ns"), 0), arr(stream_l, "stream")
-    corr, linked = arr(corr_l, "corr"), arr(linked_l, "linked")
-    tid = np.where(dev >= 0, -1, arr(tid_raw, "tid"))
+    corr, tid, linked = arr(corr_l, "corr"), arr(tid_l, "tid"), arr(linked_l, "linked")
 
     # Python call paths.
     path = np.full(n, -1, dtype=np.int64)
