@@ -51,8 +51,9 @@ def env_for(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
-def torchrun(settings: Settings, job: str, *args: str, nproc: int = 4, log: str = "/dev/null") -> subprocess.Popen[bytes]:
+def torchrun(settings: Settings, job: str, *args: str, nproc: int = 4, log: str = "/dev/null",
+             module: str = "rankscope.demo.train") -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-           "127.0.0.1", "--master-port", str(free_port()), "-m", "rankscope.demo.train", *args]
+           "127.0.0.1", "--master-port", str(free_port()), "-m", module, *args]
     return subprocess.Popen(cmd, env=env_for(settings, RANKSCOPE_JOB_ID=job), stdout=open(log, "wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,11 +1,11 @@
 """Rank-side collector costs, as ratios within one run (median of repeats):
 
-- trace-window overhead against a bare torch.profiler with the same settings (same steps, stop
-  included; rankscope's conversion and sending run on its background thread and are included
-  by waiting for them), with training going on after the window and without (see
-  ``window_overhead``);
-- encode-and-produce throughput: convert + summarise + chunk + produce to a real broker, events/s
-  on one core;
+- trace-window overhead on a 2-rank gloo DDP job (benchmarks/window_job.py): a window plus 20
+  training steps with rankscope (its conversion and producing run on the tracer's sender thread
+  and are included by waiting for them) against a bare torch.profiler with the same settings;
+- where a window's conversion time goes: µs per event for each stage on a real window;
+- encode-and-produce throughput: extracted events -> columns, summary, packed chunks, wire
+  envelopes, produced to a real broker and flushed, events per CPU second;
 - always-on bytes per step per rank (steps, heartbeats, hardware samples) at two step rates;
 - memory the tracer adds to a process, with the broker down (bounded queue) and up.
 """
@@ -13,38 +13,61 @@
 from __future__ import annotations
 
 import gc
+import json
 import statistics
+import tempfile
 import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 import psutil
 import torch
 
-from benchmarks._stack import local_stack
-from producers.trace_window import WindowController
+from benchmarks._stack import local_stack, torchrun
 from rankscope.config import Settings
 
-REPEATS = 5
 WINDOW_STEPS = 5
 TRAIL_STEPS = 20   # training goes on after a window while rankscope ships it in the background
+DDP_REPEATS = 9
 
 
 def _model() -> tuple[torch.nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
-    for _ in range(4):
-        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers), torch.randn(64, 256)
+    for _ in range(6):
+        layers += [torch.nn.Linear(192, 192), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers), torch.randn(192, 192)
 
 
 def _train_step(model: torch.nn.Module, x: torch.Tensor) -> None:
     model(x).square().mean().backward()
 
 
-def bare_profiler_s(model: torch.nn.Module, x: torch.Tensor, trail: int = 0) -> float:
+def window_overhead(settings: Settings) -> dict[str, Any]:
+    """Training time of a window plus ``TRAIL_STEPS`` steps with a rankscope window against a bare
+    torch.profiler window, on a 2-rank gloo DDP job (benchmarks/window_job.py), median of
+    ``DDP_REPEATS`` alternating runs."""
+    out = Path(tempfile.mkdtemp()) / "window.json"
+    proc = torchrun(settings, f"win-{uuid.uuid4().hex[:6]}", "--repeats", str(DDP_REPEATS), "--window",
+                    str(WINDOW_STEPS), "--trail", str(TRAIL_STEPS), "--result-file", str(out), nproc=2,
+                    module="benchmarks.window_job")
+    if proc.wait(900) != 0:
+        raise RuntimeError("window overhead job failed")
+    res = json.loads(out.read_text())
+    med = res["median_s"]
+    return {"window_ratio": res["window_ratio"], "window_plus_trail_bare_s": med["bare"],
+            "window_plus_trail_rankscope_s": med["rankscope"], "window_plus_trail_no_profiler_s": med["none"],
+            "bare_profiler_vs_none": res["bare_vs_none"], "trail_steps": TRAIL_STEPS, "ddp_ranks": 2}
+
+
+def _record_window() -> Any:
+    """A real 5-step CPU window (with_stack) of the bench model, stopped."""
     from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
-    t0 = time.perf_counter()
+    model, x = _model()
+    for _ in range(3):
+        _train_step(model, x)
     prof = profile(activities=[ProfilerActivity.CPU], with_stack=True, schedule=lambda s: ProfilerAction.RECORD)
     prof.start()
     for i in range(WINDOW_STEPS):
@@ -52,82 +75,95 @@ def bare_profiler_s(model: torch.nn.Module, x: torch.Tensor, trail: int = 0) -> 
         if i < WINDOW_STEPS - 1:
             prof.step()
     prof.stop()
-    prof.profiler.kineto_results.events()  # what any consumer of the window must at least do
-    for _ in range(trail):
-        _train_step(model, x)
-    return time.perf_counter() - t0
+    return prof
 
 
-def rankscope_window_s(model: torch.nn.Module, x: torch.Tensor, trail: int = 0) -> tuple[float, int]:
-    sent: list[int] = []
-    wc = WindowController(send_trace=lambda k, b: sent.append(len(b["events"]["category"])),
-                          send_summary=lambda k, b: None, ack=lambda *a, **k: None, byte_budget=50_000_000,
-                          wall_ns=time.time_ns)
-    wc.handle("trace", "bench", {"steps": WINDOW_STEPS, "lead_ns": 0}, None, time.time_ns())
-    t0 = time.perf_counter()
-    wc.on_step(-1)
-    for i in range(WINDOW_STEPS + trail):
-        _train_step(model, x)
-        wc.on_step(i)
-    wc.drain(60)                              # shipped: conversion and sending are included
-    return time.perf_counter() - t0, sum(sent)
+def conversion_costs() -> dict[str, Any]:
+    """Per-event cost of each stage on the sender thread, for a real window, median of 5."""
+    from producers.trace_events import chunk, extract_raw, summarize, to_columnar
+
+    stages: dict[str, list[float]] = {"events": [], "extract": [], "columnar": [], "summarize": [], "chunk": []}
+    n = 0
+    for _ in range(5):
+        prof = _record_window()
+        t0 = time.perf_counter()
+        prof.profiler.kineto_results.events()
+        t1 = time.perf_counter()
+        raw = extract_raw(prof)
+        t2 = time.perf_counter()
+        col = to_columnar(raw, "w", 0)
+        t3 = time.perf_counter()
+        summarize(col)
+        t4 = time.perf_counter()
+        chunk(col, 1 << 31)
+        t5 = time.perf_counter()
+        n = len(raw)
+        for k, dt in zip(stages, (t1 - t0, t2 - t1 - (t1 - t0), t3 - t2, t4 - t3, t5 - t4), strict=True):
+            stages[k].append(dt)
+    out: dict[str, Any] = {"window_events": n}
+    for k, v in stages.items():
+        out[f"{k}_us_per_event"] = statistics.median(v) / n * 1e6
+    return out
 
 
-def window_overhead() -> dict[str, Any]:
-    """Two ratios, median of REPEATS, same process, alternating:
+def _tile(raw: Any, copies: int) -> Any:
+    """``copies`` back-to-back copies of a window's RawEvents (python ids and rows re-numbered)."""
+    from producers.trace_extract import RawEvents
 
-    - ``window_ratio``: the window's steps plus ``TRAIL_STEPS`` more training steps, until the
-      window is shipped, against a bare profiler's window (``events()`` taken) plus the same steps:
-      what a training job pays for a window;
-    - ``window_only_ratio``: the window alone until shipped, against the bare window: the
-      conversion cost when nothing overlaps it.
-    """
-    model, x = _model()
-    for _ in range(3):
-        _train_step(model, x)
-    bare, ours, bare_only, ours_only, events = [], [], [], [], 0
-    for _ in range(REPEATS):
-        bare.append(bare_profiler_s(model, x, TRAIL_STEPS))
-        t, events = rankscope_window_s(model, x, TRAIL_STEPS)
-        ours.append(t)
-        bare_only.append(bare_profiler_s(model, x))
-        ours_only.append(rankscope_window_s(model, x)[0])
-    return {"bare_profiler_window_s": statistics.median(bare_only), "rankscope_window_s": statistics.median(ours_only),
-            "window_only_ratio": statistics.median(ours_only) / statistics.median(bare_only),
-            "window_plus_trail_bare_s": statistics.median(bare), "window_plus_trail_rankscope_s": statistics.median(ours),
-            "window_ratio": statistics.median(ours) / statistics.median(bare), "window_events": events,
-            "trail_steps": TRAIL_STEPS}
+    starts = raw.py["start_ns"] + raw.host["start_ns"]
+    span = max(starts) - min(starts) + 1000
+    id_step = max(raw.py["py_id"] + [0]) + 1
+    out = RawEvents(raw.offset_ns)
+    out.names, out.name_index = raw.names, raw.name_index
+    n_host, n_dev = len(raw.host["name"]), len(raw.dev["name"])
+    for k in range(copies):
+        for group, dst in ((raw.py, out.py), (raw.host, out.host), (raw.dev, out.dev)):
+            for c, values in group.items():
+                if c == "start_ns":
+                    dst[c].extend(v + k * span for v in values)
+                elif c in ("py_id", "py_parent"):
+                    dst[c].extend(v + k * id_step if v >= 0 else v for v in values)
+                else:
+                    dst[c].extend(values)
+        out.host_attrs.update((r + k * n_host, a) for r, a in raw.host_attrs.items())
+        out.dev_attrs.update((r + k * n_dev, a) for r, a in raw.dev_attrs.items())
+    return out
 
 
 def encode_and_produce(settings: Settings) -> dict[str, Any]:
-    import numpy as np
+    """Events per CPU second from extracted events (a real window's RawEvents, tiled to ~200k
+    events) to acknowledged Kafka messages: columns, summary, chunks, wire envelopes, produce, flush."""
     from confluent_kafka import Producer
 
-    from producers.trace_events import chunk, summarize, to_columnar
+    from producers.trace_events import chunk, extract_raw, summarize, summary_body, to_columnar
+    from rankscope.wire import Envelope, encode
 
-    n = 200_000
-    rng = np.random.default_rng(0)
-    names = [f"aten::op{i}" for i in range(200)]
-    start = time.time_ns()
-    starts = start + np.cumsum(rng.integers(500, 5000, n))
-    events = [{"type": "cpu_op", "name": names[i % 200], "start_ns": int(s), "dur_ns": int(d), "tid": 1}
-              for i, (s, d) in enumerate(zip(starts, rng.integers(100, 400, n), strict=True))]
+    one = extract_raw(_record_window())
+    raw = _tile(one, max(1, 200_000 // len(one)))
+    n = len(raw)
     producer = Producer({"bootstrap.servers": settings.bootstrap, "linger.ms": 20, "compression.type": "lz4",
                          "queue.buffering.max.kbytes": 1048576})
-    import msgpack
-
     topic = f"{settings.topic_prefix}traces"
+    gc.collect()
     t0 = time.process_time()
     w0 = time.perf_counter()
-    col = to_columnar(events, "bench", 0)
-    summarize(col)
+    col = to_columnar(raw, "bench", 0)
+    functions = summarize(col)
     bodies, _, sent = chunk(col, 1 << 31)
-    for b in bodies:
-        producer.produce(topic, key=b"bench/0", value=msgpack.packb({"body": b}, use_bin_type=True))
+    messages = [("trace", b) for b in bodies] + [("summary", summary_body(col, functions, events_sent=sent,
+                                                                          truncated=False))]
+    for seq, (kind, body) in enumerate(messages):
+        value = encode(Envelope(kind=kind, job="bench", rank=0, host="h", pid=1, seq=seq, sent_ns=time.time_ns(),
+                                body=body))
+        producer.produce(topic, key=b"bench/0", value=value)
         producer.poll(0)
-    producer.flush(60)
+    if producer.flush(60):
+        raise RuntimeError("trace chunks not delivered")
     cpu = time.process_time() - t0
-    return {"events": n, "encode_produce_events_per_cpu_s": n / cpu, "encode_produce_wall_s": time.perf_counter() - w0}
+    wire_bytes = sum(len(encode(Envelope(kind="trace", job="bench", rank=0, host="h", pid=1, seq=0, sent_ns=0,
+                                         body=b))) for b in bodies)
+    return {"events": n, "encode_produce_events_per_cpu_s": n / cpu, "encode_produce_wall_s": time.perf_counter() - w0,
+            "trace_wire_bytes_per_event": wire_bytes / n}
 
 
 class _CountingTransport:
@@ -184,10 +220,11 @@ def tracer_memory(settings: Settings) -> dict[str, Any]:
 def run() -> dict[str, Any]:
     torch.set_num_threads(1)
     metrics: dict[str, Any] = {}
-    metrics.update(window_overhead())
+    metrics.update(conversion_costs())
     metrics["always_on_bytes_per_step_at_10ms"] = always_on_bytes(0.01)
     metrics["always_on_bytes_per_step_at_100ms"] = always_on_bytes(0.1)
     with local_stack(processors=False) as settings:
+        metrics.update(window_overhead(settings))
         metrics.update(encode_and_produce(settings))
         metrics.update(tracer_memory(settings))
     metrics = {k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}

@@ -1,60 +1,47 @@
-"""One finished torch.profiler window -> compact columnar records, an on-rank summary, byte-budgeted chunks.
+"""One finished trace window -> compact columnar records, an on-rank summary, byte-budgeted chunks.
 
 Pipeline (all on the rank, after the profiler stopped)::
 
-    extract_events(prof)                  # KinetoEvent objects -> plain dicts (the only torch-facing code)
-    col = to_columnar(events, window_id, first_step)
+    raw = extract_raw(prof)               # producers/trace_extract.py: KinetoEvents -> column lists
+    col = to_columnar(raw, window_id, first_step)   # numpy columns, steps, python call paths
     functions = summarize(col)            # per (category, name): count, total, median, p95, max, exclusive
-    bodies, truncated, sent = chunk(col, byte_budget)   # "trace" message bodies
+    bodies, truncated, sent = chunk(col, byte_budget)   # "trace" message bodies (packed int columns)
     summary = summary_body(col, functions, events_sent=sent, truncated=truncated)  # "summary" body
 
-Event dicts (``extract_events`` output; also what an offline Kineto-JSON reader should produce)::
-
-    {"type": kineto activity type ("cpu_op", "python_function", "user_annotation", "kernel",
-              "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "gpu_user_annotation", ...),
-     "name": str, "start_ns": int (host wall clock, ns since the epoch), "dur_ns": int,
-     # optional, defaults in brackets:
-     "device": GPU index, -1 for host-side events [-1], "stream": GPU stream [-1],
-     "tid": system thread id of host-side events [-1], "corr": correlation id [0],
-     "linked": for GPU events the correlation id of the CPU op that launched them [0],
-     "py_id"/"py_parent": python_function id and its parent's id [-1], "bytes": [0],
-     "meta": dict of Kineto metadata (collective fields, grid/block, bytes) [None],
-     "shapes"/"dtypes": input shapes and dtypes of collective ops, when recorded [None]}
-
-Clock: Kineto reports ``start_ns`` on the Unix epoch (torch converts its TSC clock with
-``ApproximateClockToUnixTimeConverter``; measured with torch 2.15 on CPU: every event lies between
-``time.time_ns()`` taken before ``start()`` and after ``stop()``), so the offset is 0.
-:func:`detect_clock_offset_ns` checks that on every window and returns ``wall - monotonic`` if a
-build ever reports monotonic time.
-
-Categories (``trace_events.category``), codes = index in :data:`CATEGORIES`:
-kernel, memcpy, memset, runtime (cuda/hip/xpu runtime and driver calls), cpu_op, collective
-(``c10d::*`` and ``record_param_comms`` CPU ops, ``gloo:*``/``nccl:*`` annotations, ``nccl*`` GPU
-kernels), python (python_function), annotation (user and GPU annotations, ``ProfilerStep#N``, other
-Kineto types such as overhead or instant events).
-
-GPU metadata (stream, memcpy bytes, grid/block, NCCL collective fields) is only exposed to Python
-when the profiler runs with ``experimental_config=experimental_config()`` (``expose_kineto_event_metadata``);
-without it GPU streams still come from ``device_resource_id`` but bytes and collective sizes are 0.
+``to_columnar`` also takes a list of event dicts (the offline reader's output, tests); see
+producers/trace_extract.py for the dict format and the clock, producers/categories.py for the
+categories.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgpack
 import numpy as np
 
-CATEGORIES: tuple[str, ...] = ("kernel", "memcpy", "memset", "runtime", "cpu_op", "collective", "python",
-                               "annotation")
-CAT = {c: i for i, c in enumerate(CATEGORIES)}
-KERNEL, MEMCPY, MEMSET, RUNTIME, CPU_OP, COLLECTIVE, PYTHON, ANNOTATION = range(len(CATEGORIES))
-# Device-side categories that count as useful GPU work for exclusive time.
-GPU_WORK = (KERNEL, MEMCPY, MEMSET, COLLECTIVE)
+from producers.categories import (  # noqa: F401  (re-exported: the category codes are part of this API)
+    ANNOTATION,
+    CAT,
+    CATEGORIES,
+    COLLECTIVE,
+    CPU_OP,
+    GPU_WORK,
+    KERNEL,
+    MEMCPY,
+    MEMSET,
+    PYTHON,
+    RUNTIME,
+)
+from producers.trace_extract import (  # noqa: F401  (re-exported)
+    RawEvents,
+    detect_clock_offset_ns,
+    experimental_config,
+    extract_raw,
+)
+from rankscope.packed import narrowest_type, pack_int
 
 # Truncation tiers: when a window exceeds its byte budget, higher tiers go first.
 # python -> cpu_op -> runtime -> annotations -> (kernels, memcpy/memset, collectives, ProfilerStep#N).
@@ -63,310 +50,57 @@ TIER_OF_CATEGORY = {PYTHON: 4, CPU_OP: 3, RUNTIME: 2, ANNOTATION: 1, KERNEL: 0, 
 
 EVENT_COLUMNS = ("category", "name", "start_ns", "dur_ns", "device", "stream", "step", "bytes", "corr", "tid",
                  "path")
-WIRE_COLUMNS = ("category", "name", "start_delta_ns", "dur_ns", "device", "stream", "step", "bytes", "corr",
-                "tid", "path", "attrs")
+# Integer columns of a trace chunk on the wire (packed, see rankscope/packed.py), plus sparse attrs.
+WIRE_INT_COLUMNS = ("category", "name", "start_delta_ns", "dur_ns", "device", "stream", "step", "bytes", "corr",
+                    "tid", "path")
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-_ADDR_RE = re.compile(r" at 0x[0-9a-fA-F]+")
-_NCCL_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
-# Names torch itself drops from prof.events() (torch/autograd/profiler_util.py:_filter_name).
-_FILTERED_NAMES = frozenset({"[memory]", "[OutOfMemory]", "profiler::_record_function_enter",
-                             "profiler::_record_function_enter_new", "profiler::_record_function_exit",
-                             "aten::is_leaf", "aten::output_nr", "aten::_version"})
-_RUNTIME_TYPES = frozenset({"cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver",
-                            "mtia_runtime", "xpu_runtime", "hip_runtime", "hip_driver"})
-# Kineto activity types by side (others are resolved with device_type()).
-_HOST_TYPES = frozenset({"cpu_op", "user_annotation", "cpu_instant_event", "python_function", "overhead"}
-                        | _RUNTIME_TYPES)
-_DEVICE_TYPES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync",
-                           "concurrent_kernel"})
-_DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
-                "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "byte": 1, "uint8": 1,
-                "char": 1, "int8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complexfloat": 8,
-                "complexdouble": 16}
-_COLLECTIVE_META = {"Collective name": "op", "Process Group Name": "pg", "Process Group Description": "pg_desc",
-                    "Group size": "group_size", "dtype": "dtype", "In msg nelems": "in_nelems",
-                    "Out msg nelems": "out_nelems", "Seq": "seq", "Rank": "peer_rank"}
-_DAY_NS = 86_400 * 10**9
-
-
-# --------------------------------------------------------------------------------------------
-# Adapter: torch.profiler -> event dicts
-# --------------------------------------------------------------------------------------------
-
-def experimental_config() -> Any:
-    """The ``experimental_config`` to pass to ``torch.profiler.profile`` so that GPU metadata (stream,
-    bytes, grid/block, NCCL collective sizes) reaches :func:`extract_events`. None if unsupported."""
-    try:
-        from torch._C._profiler import _ExperimentalConfig
-
-        return _ExperimentalConfig(expose_kineto_event_metadata=True)
-    except (ImportError, TypeError):
-        return None
-
-
-def detect_clock_offset_ns(sample_ns: int, wall_ns: int | None = None, mono_ns: int | None = None) -> int:
-    """Offset to add to profiler timestamps to get host wall-clock ns since the epoch.
-
-    ``sample_ns`` is a profiler timestamp taken about now (e.g. ``trace_start_ns()``). Within a day of
-    ``time.time_ns()`` it is epoch-based: 0. Within a day of ``time.monotonic_ns()``: ``wall - mono``.
-    Anything else raises ValueError (an unknown clock would store wrong times silently).
-    """
-    wall = time.time_ns() if wall_ns is None else wall_ns
-    mono = time.monotonic_ns() if mono_ns is None else mono_ns
-    if abs(sample_ns - wall) < _DAY_NS:
-        return 0
-    if abs(sample_ns - mono) < _DAY_NS:
-        return wall - mono
-    raise ValueError(f"profiler timestamp {sample_ns} is neither epoch ({wall}) nor monotonic ({mono}) time")
-
-
-def _kineto_result(prof: Any) -> Any:
-    """The ``_ProfilerResult`` of a stopped torch.profiler.profile, a legacy
-    torch.autograd.profiler.profile, or the result itself; None if there is none."""
-    for obj in (getattr(getattr(prof, "profiler", None), "kineto_results", None),
-                getattr(prof, "kineto_results", None), prof):
-        if obj is not None and callable(getattr(obj, "events", None)) and callable(
-                getattr(obj, "trace_start_ns", None)):
-            return obj
-    return None
-
-
-def _is_collective_cpu(name: str) -> bool:
-    return (name.startswith(("c10d::", "gloo:", "nccl:")) or name == "record_param_comms")
-
-
-def _parse_meta(e: Any) -> dict[str, Any] | None:
-    """Kineto metadata of one event: ``metadata_json()`` is a JSON object body without braces."""
-    try:
-        s = e.metadata_json()
-    except Exception:
-        s = ""
-    if s:
-        try:
-            obj = json.loads("{" + s + "}")
-            if isinstance(obj, dict):
-                return obj
-        except ValueError:
-            pass
-    try:
-        extra = e.extra_meta()
-    except Exception:
-        return None
-    if not extra:
-        return None
-    out: dict[str, Any] = {}
-    for k, v in dict(extra).items():
-        try:
-            out[k] = json.loads(v) if isinstance(v, str) else v
-        except ValueError:
-            out[k] = v
-    return out
-
-
-def _activity_type(e: Any, cpu: bool) -> str:
-    at = e.activity_type()
-    if isinstance(at, str):
-        return at
-    if e.is_python_function():
-        return "python_function"
-    if e.is_user_annotation():
-        return "user_annotation" if cpu else "gpu_user_annotation"
-    return "cpu_op" if cpu else "kernel"
-
-
-def extract_events(prof: Any, *, clock_offset_ns: int | None = None,
-                   trace_start_ns: int | None = None) -> list[dict[str, Any]]:
-    """Plain event dicts (see the module docstring) from a stopped profiler.
-
-    Accepts a ``torch.profiler.profile`` after ``stop()`` (or inside ``on_trace_ready``), a legacy
-    ``torch.autograd.profiler.profile``, or their ``kineto_results``. Reads
-    ``kineto_results.events()`` directly (no JSON export). Timestamps are mapped to host wall-clock
-    ns: ``clock_offset_ns`` if given, else :func:`detect_clock_offset_ns` on the trace start.
-    Python events carry ``py_id``/``py_parent`` (parent linkage, the call tree).
-
-    Fallback: an object whose ``events()`` returns ``FunctionEvent``-like objects (``time_range`` in µs
-    relative to the trace start) is accepted when ``trace_start_ns`` is given.
-
-    Raises TypeError for objects that are not profilers, ValueError for a profiler with no results
-    (not stopped yet, or ``trace_only=True``).
-    """
-    result = _kineto_result(prof)
-    if result is None:
-        events_fn = getattr(prof, "events", None)
-        if not callable(events_fn):
-            raise TypeError(f"extract_events needs a stopped torch.profiler.profile, got {type(prof).__name__}")
-        try:
-            fevents = events_fn()
-        except Exception as exc:
-            raise ValueError(f"profiler has no events ({type(exc).__name__}: {exc}); was it stopped?") from None
-        if fevents is None:
-            raise ValueError("profiler has no results; call stop() first (or use on_trace_ready)")
-        if trace_start_ns is None:
-            raise ValueError("FunctionEvent timestamps are relative to the trace start: pass trace_start_ns")
-        return _from_function_events(fevents, trace_start_ns + (clock_offset_ns or 0))
-    try:
-        raw = result.events()
-        start = result.trace_start_ns()
-    except Exception as exc:
-        raise ValueError(f"profiler results unreadable ({type(exc).__name__}: {exc})") from None
-    offset = detect_clock_offset_ns(start) if clock_offset_ns is None else clock_offset_ns
-    from torch._C._autograd import DeviceType
-
-    cpu_type = DeviceType.CPU
-    hidden = getattr(type(raw[0]), "is_hidden_event", None) if len(raw) else None
-    out: list[dict[str, Any]] = []
-    append = out.append
-    for e in raw:
-        name = e.name()
-        if name in _FILTERED_NAMES:
-            continue
-        at = e.activity_type()
-        if at == "python_function":
-            append({"type": at, "name": name, "start_ns": e.start_ns() + offset, "dur_ns": e.duration_ns(),
-                    "tid": e.device_resource_id(), "py_id": e.python_id(), "py_parent": e.python_parent_id()})
-            continue
-        if at in _HOST_TYPES:
-            cpu = True
-        elif at in _DEVICE_TYPES:
-            cpu = False
-        else:
-            cpu = e.device_type() == cpu_type
-            at = _activity_type(e, cpu)
-        rec: dict[str, Any] = {"type": at, "name": name, "start_ns": e.start_ns() + offset, "dur_ns": e.duration_ns()}
-        if cpu:
-            if at == "cpu_op" and hidden is not None and hidden(e):
-                continue
-            rec["tid"] = e.device_resource_id()
-            rec["corr"] = e.correlation_id()
-            if _is_collective_cpu(name):
-                rec["meta"] = _parse_meta(e)
-                shapes = e.shapes()
-                if shapes:
-                    rec["shapes"] = [list(s) for s in shapes]
-                    rec["dtypes"] = list(e.dtypes())
-        else:
-            rec["device"] = e.device_index()
-            rec["stream"] = e.device_resource_id()
-            rec["corr"] = e.correlation_id()
-            rec["linked"] = e.linked_correlation_id()
-            meta = _parse_meta(e)
-            if meta:
-                rec["meta"] = meta
-                if isinstance(meta.get("stream"), int):
-                    rec["stream"] = meta["stream"]
-                if isinstance(meta.get("bytes"), int):
-                    rec["bytes"] = meta["bytes"]
-        append(rec)
-    return out
-
-
-def _from_function_events(fevents: Iterable[Any], base_ns: int) -> list[dict[str, Any]]:
-    out = []
-    for fe in fevents:
-        at = getattr(fe, "activity_type", None)
-        dev = getattr(fe, "device_type", None)
-        cpu = dev is None or getattr(dev, "name", str(dev)).upper().endswith("CPU")
-        if not isinstance(at, str):
-            at = ("python_function" if getattr(fe, "is_python_function", False) else
-                  "user_annotation" if getattr(fe, "is_user_annotation", False) else "cpu_op" if cpu else "kernel")
-        start = base_ns + int(round(fe.time_range.start * 1000))
-        rec: dict[str, Any] = {"type": at, "name": fe.name, "start_ns": start,
-                               "dur_ns": int(round(fe.time_range.elapsed_us() * 1000)),
-                               "corr": int(getattr(fe, "id", 0) or 0)}
-        if cpu:
-            rec["tid"] = int(getattr(fe, "device_resource_id", -1) or getattr(fe, "thread", -1))
-            rec["py_id"] = int(getattr(fe, "python_id", -1) or -1) if at == "python_function" else -1
-            rec["py_parent"] = int(getattr(fe, "python_parent_id", -1) or -1) if at == "python_function" else -1
-        else:
-            rec["device"] = int(getattr(fe, "device_index", 0))
-            rec["stream"] = int(getattr(fe, "device_resource_id", -1))
-            rec["linked"] = int(getattr(fe, "linked_correlation_id", 0) or 0)
-        out.append(rec)
-    return out
 
 
 # --------------------------------------------------------------------------------------------
 # Columnar conversion
 # --------------------------------------------------------------------------------------------
 
-def _op_name(raw: str) -> str:
-    """Collective op names normalised across backends: all_reduce / allreduce_ / AllReduce -> allreduce."""
-    return raw.replace("_", "").lower()
+def _int_array(values: list[int], name: str) -> np.ndarray:
+    try:
+        return np.array(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"event column {name} holds a non-integer: {exc}") from None
 
 
-def _categorise(e: dict[str, Any]) -> tuple[int, dict[str, Any] | None, int]:
-    """(category code, attrs, bytes) of one event dict."""
-    at, name = e["type"], e["name"]
-    meta = e.get("meta") or {}
-    nbytes = int(e.get("bytes", 0) or 0)
-    if at == "python_function":
-        return PYTHON, None, 0
-    if at == "cpu_op":
-        if _is_collective_cpu(name):
-            return COLLECTIVE, _collective_attrs(name, e, meta), nbytes or _collective_bytes(e, meta)
-        return CPU_OP, None, nbytes
-    if at == "user_annotation":
-        if name.startswith(("gloo:", "nccl:")):
-            return COLLECTIVE, _collective_attrs(name, e, meta), nbytes or _collective_bytes(e, meta)
-        return ANNOTATION, None, 0
-    if at == "kernel":
-        if name.startswith("nccl"):
-            return COLLECTIVE, _collective_attrs(name, e, meta), nbytes or _collective_bytes(e, meta)
-        attrs = {k: meta[k] for k in ("grid", "block") if k in meta}
-        return KERNEL, attrs or None, nbytes
-    if at == "gpu_memcpy":
-        kind = name[len("Memcpy "):].split(" ", 1)[0] if name.startswith("Memcpy ") else name
-        return MEMCPY, {"kind": kind}, nbytes
-    if at == "gpu_memset":
-        return MEMSET, None, nbytes
-    if at in _RUNTIME_TYPES:
-        return RUNTIME, None, 0
-    # gpu_user_annotation, cpu_instant_event, overhead, cuda_sync, ...: markers, not work.
-    return ANNOTATION, ({"type": at} if at not in ("gpu_user_annotation",) else None), nbytes
+def _call_paths(raw: RawEvents, py_names: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
+    """Path id of every python frame and the interned path table ``[[parent, name], ...]``.
+    Frames are visited in ``py_id`` order (a parent's id is below its children's)."""
+    py = raw.py
+    n = len(py_names)
+    path = np.full(n, -1, dtype=np.int64)
+    paths: list[list[int]] = []
+    if not n:
+        return path, paths
+    ids, parents = py["py_id"], py["py_parent"]
+    order: Iterable[int] = range(n)
+    if n > 1 and not bool(np.all(np.diff(_int_array(ids, "py_id")) > 0)):
+        order = sorted(range(n), key=lambda k: (ids[k], py["start_ns"][k]))
+    index: dict[tuple[int, int], int] = {}
+    by_py: dict[int, int] = {}
+    names = py_names.tolist()
+    out = [-1] * n
+    for k in order:
+        key = (by_py.get(parents[k], -1), names[k])
+        pid = index.get(key)
+        if pid is None:
+            pid = index[key] = len(paths)
+            paths.append([key[0], key[1]])
+        out[k] = pid
+        if ids[k] >= 0:
+            by_py[ids[k]] = pid
+    path[:] = out
+    return path, paths
 
 
-def _collective_attrs(name: str, e: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
-    attrs: dict[str, Any] = {}
-    for k, a in _COLLECTIVE_META.items():
-        v = meta.get(k)
-        if v is not None and v != "":
-            attrs[a] = v
-    if "op" in attrs:
-        attrs["op"] = _op_name(str(attrs["op"]))
-    else:
-        m = _NCCL_KERNEL_RE.match(name)
-        if m:
-            raw = m.group(1)
-        elif ":" in name:
-            raw = name.rsplit(":", 1)[1]
-        else:
-            raw = name
-        attrs["op"] = _op_name(raw)
-    if "in_nelems" not in attrs and e.get("shapes"):
-        n = sum(int(np.prod(s)) for s in e["shapes"] if s)
-        if n:
-            attrs["in_nelems"] = n
-    if "dtype" not in attrs and e.get("dtypes"):
-        dt = [d for d in e["dtypes"] if d]
-        if dt:
-            attrs["dtype"] = dt[0]
-    return attrs
-
-
-def _collective_bytes(e: dict[str, Any], meta: dict[str, Any]) -> int:
-    n = meta.get("In msg nelems")
-    dtype = meta.get("dtype")
-    if not isinstance(n, int) and e.get("shapes"):
-        n = sum(int(np.prod(s)) for s in e["shapes"] if s)
-        dtype = next((d for d in (e.get("dtypes") or []) if d), dtype)
-    size = _DTYPE_BYTES.get(str(dtype).lower().replace("torch.", "")) if dtype else None
-    return int(n) * size if isinstance(n, int) and size else 0
-
-
-def to_columnar(events: Sequence[dict[str, Any]], window_id: str, first_step: int | None,
+def to_columnar(events: RawEvents | Sequence[dict[str, Any]], window_id: str, first_step: int | None,
                 *, step_bounds: Sequence[tuple[int, int, int]] | None = None) -> dict[str, Any]:
-    """Event dicts -> one columnar window.
+    """The events of one window (:class:`RawEvents`, or event dicts) -> one columnar window.
 
     Returns ``{"window_id", "first_step", "last_step", "start_ns", "end_ns", "categories", "names",
     "paths", "events"}`` where ``events`` holds equal-length columns: ``category`` (code into
@@ -386,85 +120,42 @@ def to_columnar(events: Sequence[dict[str, Any]], window_id: str, first_step: in
     interval contains its start; a GPU event gets the step of the CPU op that launched it
     (``linked``), else of its runtime call (same ``corr``), else by its own start time.
     Window bounds: the span of the steps if known, else of all events.
+
+    Raises ValueError on event dicts without the required keys or with non-integer values.
     """
-    n = len(events)
-    cat_l: list[int] = []
-    dev_l: list[int] = []
-    bytes_l: list[int] = []
-    name_l: list[int] = []
-    start_l: list[int] = []
-    dur_l: list[int] = []
-    stream_l: list[int] = []
-    corr_l: list[int] = []
-    tid_l: list[int] = []
-    linked_l: list[int] = []
-    attrs: list[dict[str, Any] | None] = []
-    names: list[str] = []
-    name_index: dict[str, int] = {}
-    py_rows: list[int] = []
-    i = -1
-    try:
-        for i, e in enumerate(events):
-            nm = e["name"]
-            if e["type"] == "python_function":
-                c, a, b, d, tid_v = PYTHON, None, 0, -1, e.get("tid", -1)
-                py_rows.append(i)
-                if " at 0x" in nm:
-                    nm = _ADDR_RE.sub("", nm)
+    raw = events if isinstance(events, RawEvents) else RawEvents.from_dicts(events)
+    py, host, dv = raw.py, raw.host, raw.dev
+    n_py, n_host, n_dev = len(py["name"]), len(host["name"]), len(dv["name"])
+    n = n_py + n_host + n_dev
+    names = raw.names
+
+    def col(name: str, py_default: int | None, host_default: int | None, dev_default: int | None) -> np.ndarray:
+        parts = []
+        for group, size, default in ((py, n_py, py_default), (host, n_host, host_default), (dv, n_dev, dev_default)):
+            if default is None:
+                parts.append(_int_array(group[name], name))
             else:
-                d = e.get("device", -1)
-                c, a, b = _categorise(e)
-                tid_v = -1 if d >= 0 else e.get("tid", -1)
-            idx = name_index.get(nm)
-            if idx is None:
-                idx = name_index[nm] = len(names)
-                names.append(nm)
-            cat_l.append(c)
-            dev_l.append(d)
-            bytes_l.append(b)
-            attrs.append(a)
-            name_l.append(idx)
-            start_l.append(e["start_ns"])
-            dur_l.append(e.get("dur_ns", 0))
-            stream_l.append(e.get("stream", -1))
-            corr_l.append(e.get("corr", 0))
-            tid_l.append(tid_v)
-            linked_l.append(e.get("linked", 0))
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"event {i} is not an event dict ({type(exc).__name__}: {exc}): "
-                         f"{events[i]!r:.120}") from None
+                parts.append(np.full(size, default, dtype=np.int64))
+        return np.concatenate(parts)
 
-    def arr(values: list[int], name: str) -> np.ndarray:
-        try:
-            return np.array(values, dtype=np.int64)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise ValueError(f"event column {name} holds a non-integer: {exc}") from None
-
-    cat, dev, nbytes, name_ids = arr(cat_l, "category"), arr(dev_l, "device"), arr(bytes_l, "bytes"), arr(name_l, "name")
-    start, dur, stream = arr(start_l, "start_ns"), np.maximum(arr(dur_l, "dur_ns"), 0), arr(stream_l, "stream")
-    corr, tid, linked = arr(corr_l, "corr"), arr(tid_l, "tid"), arr(linked_l, "linked")
-
-    # Python call paths.
-    path = np.full(n, -1, dtype=np.int64)
-    paths: list[list[int]] = []
-    if py_rows:
-        path_index: dict[tuple[int, int], int] = {}
-        by_py: dict[int, int] = {}
-        ids = [events[i].get("py_id", -1) for i in py_rows]
-        py_order = py_rows if all(x < y for x, y in zip(ids, ids[1:], strict=False)) else [
-            py_rows[k] for k in sorted(range(len(py_rows)), key=lambda k: (ids[k], events[py_rows[k]]["start_ns"]))]
-        for i in py_order:
-            e = events[i]
-            parent = by_py.get(e.get("py_parent", -1), -1)
-            key = (parent, int(name_ids[i]))
-            pid = path_index.get(key)
-            if pid is None:
-                pid = path_index[key] = len(paths)
-                paths.append([parent, int(name_ids[i])])
-            path[i] = pid
-            py_id = e.get("py_id", -1)
-            if py_id is not None and py_id >= 0:
-                by_py[py_id] = pid
+    py_names = _int_array(py["name"], "name")
+    cat = np.concatenate([np.full(n_py, PYTHON, dtype=np.int64), _int_array(host["category"], "category"),
+                          _int_array(dv["category"], "category")])
+    name_ids = np.concatenate([py_names, _int_array(host["name"], "name"), _int_array(dv["name"], "name")])
+    start = col("start_ns", None, None, None)
+    if raw.offset_ns:
+        start += raw.offset_ns
+    dur = np.maximum(col("dur_ns", None, None, None), 0)
+    dev = col("device", -1, -1, None)
+    stream = col("stream", -1, -1, None)
+    tid = col("tid", None, None, -1)
+    corr = col("corr", 0, None, None)
+    linked = col("linked", 0, 0, None)
+    nbytes = col("bytes", 0, None, None)
+    py_path, paths = _call_paths(raw, py_names)
+    path = np.concatenate([py_path, np.full(n_host + n_dev, -1, dtype=np.int64)])
+    attrs_at: dict[int, Any] = {n_py + k: a for k, a in raw.host_attrs.items()}
+    attrs_at.update((n_py + n_host + k, a) for k, a in raw.dev_attrs.items())
 
     # Steps.
     if step_bounds:
@@ -509,7 +200,13 @@ def to_columnar(events: Sequence[dict[str, Any]], window_id: str, first_step: in
     arrays = {"category": cat, "name": name_ids, "start_ns": start, "dur_ns": dur, "device": dev, "stream": stream,
               "step": step, "bytes": nbytes, "corr": corr, "tid": tid, "path": path}
     cols: dict[str, Any] = {k: v[order] for k, v in arrays.items()}
-    cols["attrs"] = [attrs[i] for i in order.tolist()]
+    attrs: list[Any] = [None] * n
+    if attrs_at:
+        rank_of = np.empty(n, dtype=np.int64)
+        rank_of[order] = np.arange(n)
+        for i, a in attrs_at.items():
+            attrs[int(rank_of[i])] = a
+    cols["attrs"] = attrs
 
     if len(s_num):
         w_start, w_end = int(s_start.min()), int(s_end.max())
@@ -741,13 +438,6 @@ def summary_body(col: dict[str, Any], functions: dict[str, Any], *, events_sent:
 # Chunking under a byte budget
 # --------------------------------------------------------------------------------------------
 
-def _int_sizes(v: np.ndarray) -> np.ndarray:
-    """msgpack encoded size of each int64."""
-    return np.select(
-        [(v >= -32) & (v <= 127), (v >= -128) & (v <= 255), (v >= -32768) & (v <= 65535),
-         (v >= -(2**31)) & (v <= 2**32 - 1)], [1, 2, 3, 5], 9)
-
-
 def _tiers(col: dict[str, Any]) -> np.ndarray:
     ev = col["events"]
     cat = np.asarray(ev["category"], dtype=np.int64)
@@ -762,9 +452,9 @@ def _tiers(col: dict[str, Any]) -> np.ndarray:
     return tier
 
 
-def _chunk_body(col: dict[str, Any], rows: np.ndarray, attrs_all: list[Any]) -> dict[str, Any]:
+def _chunk_body(col: dict[str, Any], rows: np.ndarray, attrs_at: dict[int, Any]) -> dict[str, Any]:
     """A self-contained ``trace`` body for these rows (sorted by start): its own names, paths and
-    tids tables, re-indexed."""
+    tids tables, re-indexed; integer columns packed (rankscope/packed.py)."""
     ev = col["events"]
     names_all, paths_all = col["names"], col["paths"]
     name = np.asarray(ev["name"], dtype=np.int64)[rows]
@@ -783,39 +473,37 @@ def _chunk_body(col: dict[str, Any], rows: np.ndarray, attrs_all: list[Any]) -> 
     used_names = sorted(name_set)
     nmap = np.full(len(names_all), -1, dtype=np.int64)
     nmap[used_names] = np.arange(len(used_names))
-    new_paths = [[pmap[paths_all[p][0]] if paths_all[p][0] >= 0 else -1, int(nmap[paths_all[p][1]])]
+    nmap_l = nmap.tolist()
+    new_paths = [[pmap[paths_all[p][0]] if paths_all[p][0] >= 0 else -1, nmap_l[paths_all[p][1]]]
                  for p in used_paths]
     tid = np.asarray(ev["tid"], dtype=np.int64)[rows]
     tids, tid_idx = np.unique(tid, return_inverse=True)
     start = np.asarray(ev["start_ns"], dtype=np.int64)[rows]
     t0 = int(start[0]) if len(start) else 0
-    delta = np.diff(start, prepend=t0)
     remap = np.full(len(paths_all) + 1, -1, dtype=np.int64)   # last slot: path -1 stays -1
     remap[used_paths] = np.arange(len(used_paths))
-    events = {
-        "category": np.asarray(ev["category"], dtype=np.int64)[rows].tolist(),
-        "name": nmap[name].tolist(),
-        "start_delta_ns": delta.tolist(),
-        "dur_ns": np.asarray(ev["dur_ns"], dtype=np.int64)[rows].tolist(),
-        "device": np.asarray(ev["device"], dtype=np.int64)[rows].tolist(),
-        "stream": np.asarray(ev["stream"], dtype=np.int64)[rows].tolist(),
-        "step": np.asarray(ev["step"], dtype=np.int64)[rows].tolist(),
-        "bytes": np.asarray(ev["bytes"], dtype=np.int64)[rows].tolist(),
-        "corr": np.asarray(ev["corr"], dtype=np.int64)[rows].tolist(),
-        "tid": tid_idx.astype(np.int64).tolist(),
-        "path": remap[path].tolist(),
-        "attrs": [attrs_all[i] for i in rows.tolist()],
-    }
-    return {"window_id": col["window_id"], "t0_ns": t0, "categories": list(col.get("categories") or CATEGORIES),
-            "names": [names_all[i] for i in used_names], "paths": new_paths, "tids": tids.tolist(),
-            "events": events}
+    columns = {"category": np.asarray(ev["category"])[rows], "name": nmap[name],
+               "start_delta_ns": np.diff(start, prepend=t0), "tid": tid_idx.astype(np.int64), "path": remap[path]}
+    types: dict[str, str] = {}
+    events: dict[str, Any] = {}
+    for c in WIRE_INT_COLUMNS:
+        v = columns[c] if c in columns else np.asarray(ev[c], dtype=np.int64)[rows]
+        types[c], events[c] = pack_int(v)
+    if attrs_at:
+        local = np.flatnonzero(np.isin(rows, np.fromiter(attrs_at, dtype=np.int64, count=len(attrs_at))))
+        events["attrs"] = [[k, attrs_at[int(rows[k])]] for k in local.tolist()]
+    else:
+        events["attrs"] = []
+    return {"window_id": col["window_id"], "t0_ns": t0, "count": len(rows),
+            "categories": list(col.get("categories") or CATEGORIES), "names": [names_all[i] for i in used_names],
+            "paths": new_paths, "tids": tids.tolist(), "column_types": types, "events": events}
 
 
-def _packed_len(body: dict[str, Any]) -> int:
+def _packed_len(body: Any) -> int:
     return len(msgpack.packb(body, use_bin_type=True))
 
 
-def _split(col: dict[str, Any], rows: np.ndarray, sizes: np.ndarray, attrs: list[Any],
+def _split(col: dict[str, Any], rows: np.ndarray, sizes: np.ndarray, attrs_at: dict[int, Any],
            max_chunk_bytes: int, header: dict[str, Any], sizes_out: list[int]) -> list[dict[str, Any]]:
     """Cut ``rows`` (sorted by start) into bodies of at most ``max_chunk_bytes`` packed bytes
     (``header`` included; 8 bytes are reserved for the chunk index and count added afterwards).
@@ -830,7 +518,7 @@ def _split(col: dict[str, Any], rows: np.ndarray, sizes: np.ndarray, attrs: list
     stack = [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a][::-1]
     while stack:
         a, b = stack.pop()
-        body = {**_chunk_body(col, rows[a:b], attrs), **header}
+        body = {**_chunk_body(col, rows[a:b], attrs_at), **header}
         size = _packed_len(body)
         if b - a > 1 and size > max_chunk_bytes - 8:
             m = (a + b) // 2
@@ -848,11 +536,13 @@ def chunk(col: dict[str, Any], byte_budget: int, max_chunk_bytes: int = 512_000
     Each body is self-contained (choice: tables in every chunk, restricted to what the chunk uses, so
     the sink converts any chunk alone, in any order, after a re-delivery or with a chunk lost)::
 
-        {"window_id", "chunk": i, "chunks": n, "t0_ns": start of the chunk's first event,
+        {"window_id", "chunk": i, "chunks": n, "t0_ns": start of the chunk's first event, "count": events,
          "categories": [...], "names": [...], "paths": [[parent, name_idx], ...], "tids": [...],
+         "column_types": {column: "i1"|"i2"|"i4"|"i8"},
          "events": {"category", "name", "start_delta_ns" (from the previous event; the first from t0_ns),
                     "dur_ns", "device", "stream", "step", "bytes", "corr", "tid" (index into tids),
-                    "path" (index into paths or -1), "attrs"},
+                    "path" (index into paths or -1): little-endian packed ints (rankscope/packed.py),
+                    "attrs": [[row, {...}], ...] for the rows that have attrs},
          "events_total", "events_sent", "truncated", "dropped": {category: events left out}}
 
     Events are in start order. ``byte_budget`` bounds the sum of the packed bodies. When the window
@@ -867,15 +557,17 @@ def chunk(col: dict[str, Any], byte_budget: int, max_chunk_bytes: int = 512_000
     n = len(ev["category"])
     if n == 0:
         return [], False, 0
-    attrs = list(ev["attrs"])
+    attrs_at = {i: a for i, a in enumerate(ev["attrs"]) if a is not None}
     start = np.asarray(ev["start_ns"], dtype=np.int64)
-    # Estimated packed bytes per event: its ints, the start delta, 1 for the tid index, its attrs.
-    sizes = sum(_int_sizes(np.asarray(ev[c], dtype=np.int64)) for c in EVENT_COLUMNS
-                if c not in ("start_ns", "tid"))
-    sizes = sizes + _int_sizes(np.diff(start, prepend=start[0])) + 2
-    has_attrs = [i for i, a in enumerate(attrs) if a is not None]
-    if has_attrs:
-        sizes[has_attrs] += np.array([_packed_len(attrs[i]) - 1 for i in has_attrs], dtype=np.int64)
+    # Packed bytes per event: each column at the window's narrowest type (a chunk's is no wider),
+    # plus its attrs.
+    width = sum(np.dtype(narrowest_type(np.asarray(ev[c], dtype=np.int64))).itemsize
+                for c in EVENT_COLUMNS if c not in ("start_ns", "tid"))
+    width += np.dtype(narrowest_type(np.diff(start))).itemsize + 2
+    sizes = np.full(n, width, dtype=np.int64)
+    if attrs_at:
+        rows_a = np.fromiter(attrs_at, dtype=np.int64, count=len(attrs_at))
+        sizes[rows_a] += np.array([_packed_len([0, a]) for a in attrs_at.values()], dtype=np.int64)
     tier = _tiers(col)
     dur = np.asarray(ev["dur_ns"], dtype=np.int64)
     cat = np.asarray(ev["category"], dtype=np.int64)
@@ -891,7 +583,7 @@ def chunk(col: dict[str, Any], byte_budget: int, max_chunk_bytes: int = 512_000
         header = {"events_total": n, "events_sent": len(rows), "truncated": len(rows) < n,
                   "dropped": {CATEGORIES[c]: k for c, k in enumerate(dropped_counts) if k}, "first_step": first_step}
         packed: list[int] = []
-        bodies = _split(col, rows, sizes[rows], attrs, max_chunk_bytes, header, packed)
+        bodies = _split(col, rows, sizes[rows], attrs_at, max_chunk_bytes, header, packed)
         for i, body in enumerate(bodies):
             body["chunk"], body["chunks"] = i, len(bodies)
         return bodies, sum(packed)
@@ -913,3 +605,19 @@ def chunk(col: dict[str, Any], byte_budget: int, max_chunk_bytes: int = 512_000
             rows, bodies = rows[:0], []
     sent = len(rows)
     return bodies, sent < n, sent
+
+
+def decode_chunk(body: dict[str, Any]) -> dict[str, Any]:
+    """The events of one ``trace`` body as int64 arrays (``WIRE_INT_COLUMNS``) plus ``attrs`` (a list
+    with one dict or None per event). Raises ValueError on a malformed body."""
+    from rankscope.packed import unpack_int_columns
+
+    ev = body["events"]
+    n, cols = unpack_int_columns(ev, body.get("column_types"), WIRE_INT_COLUMNS)
+    attrs: list[Any] = [None] * n
+    if "column_types" in body:
+        for row, a in ev.get("attrs", []):
+            attrs[row] = a
+    else:
+        attrs = list(ev.get("attrs", attrs))
+    return {**cols, "attrs": attrs}

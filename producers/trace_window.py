@@ -212,11 +212,11 @@ class WindowController:
                 self._work.task_done()
 
     def _ship(self, act: _Active, end_ns: int) -> None:
-        from producers.trace_events import chunk, extract_events, summarize, summary_body, to_columnar
+        from producers.trace_events import chunk, extract_raw, summarize, summary_body, to_columnar
 
-        events = extract_events(act.profiler)  # off the training thread: the profiler has stopped
+        raw = extract_raw(act.profiler)  # off the training thread: the profiler has stopped
         act.profiler = None
-        cols = to_columnar(events, act.window_id, act.first_step)
+        cols = to_columnar(raw, act.window_id, act.first_step)
         budget = act.request.byte_budget or self._byte_budget
         bodies, truncated, sent = chunk(cols, budget)
         for body in bodies:
@@ -246,19 +246,25 @@ class WindowController:
 def collective_arrivals(cols: dict[str, Any], limit: int = 5000) -> dict[str, list[Any]]:
     """When this rank called each collective (host side, ``c10d::*`` ops): the k-th call of each name
     on every rank is the same collective, so the processors can tell who arrived last."""
+    import numpy as np
+
     from producers.trace_events import COLLECTIVE
 
     ev, names = cols["events"], cols["names"]
     out: dict[str, list[Any]] = {"name": [], "seq": [], "start_ns": []}
+    rows = np.flatnonzero(np.asarray(ev["category"]) == COLLECTIVE)
+    if not len(rows):
+        return out
+    start = np.asarray(ev["start_ns"], dtype=np.int64)[rows]
+    rows = rows[np.argsort(start, kind="stable")]
     seen: dict[str, int] = {}
-    order = sorted((s, i) for i, (c, s) in enumerate(zip(ev["category"], ev["start_ns"], strict=True)) if c == COLLECTIVE)
-    for start, i in order:
-        name = names[ev["name"][i]]
+    for i, t in zip(np.asarray(ev["name"])[rows].tolist(), np.asarray(ev["start_ns"])[rows].tolist(), strict=True):
+        name = names[i]
         if not name.startswith("c10d::") or len(out["name"]) >= limit:
             continue
         k = seen.get(name, 0)
         seen[name] = k + 1
         out["name"].append(name)
         out["seq"].append(k)
-        out["start_ns"].append(int(start))
+        out["start_ns"].append(t)
     return out

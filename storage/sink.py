@@ -25,6 +25,7 @@ a job is seen by this process, and writes the merged state.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -34,10 +35,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rankscope.alerts import Alert
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
+from rankscope.packed import unpack_int_columns
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, WireError, decode
 from storage.store import Store, StoreError
@@ -282,10 +286,28 @@ def _attr_map(a: Any, name: str) -> dict[str, str]:
     return {str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":")) for k, v in a.items()}
 
 
+def _trace_attrs(b: dict[str, Any], n: int) -> list[dict[str, str]]:
+    """Per-row attrs maps: ``[[row, map], ...]`` (packed chunks) or a list of n maps/nils (list form)."""
+    attrs_in = b["events"].get("attrs", [])
+    if not isinstance(attrs_in, list):
+        raise InvalidMessage("bad_body", "trace.events.attrs must be a list")
+    if "column_types" not in b:
+        if len(attrs_in) != n:
+            raise InvalidMessage("bad_body", f"trace.events.attrs must be a list of {n} values")
+        return [_attr_map(a, "trace.events.attrs[]") for a in attrs_in]
+    out: list[dict[str, str]] = [{} for _ in range(n)]
+    for item in attrs_in:
+        if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int and 0 <= item[0] < n):
+            raise InvalidMessage("bad_body", "trace.events.attrs entries must be [row, map] with a row in the chunk")
+        out[item[0]] = _attr_map(item[1], "trace.events.attrs[]")
+    return out
+
+
 def trace_columns(env: Envelope, out: Columns) -> int:
     """A ``trace`` chunk (producers/trace_events.py ``chunk``) -> ``trace_events`` rows. Returns the row count.
 
     Each chunk is self-contained: its own ``categories``, ``names``, ``paths`` and ``tids`` tables.
+    Integer columns are packed bytes typed by ``column_types`` (rankscope/packed.py), or int lists.
     Times: ``start_ns = t0_ns + cumulative sum of start_delta_ns``. Names: ``names[name]``, except python
     events, named by their call path ``"root;...;leaf"`` resolved through ``paths`` ([parent, name]).
     ``attrs`` maps become ``Map(String, String)`` (non-string values as compact JSON). The chunk is
@@ -300,25 +322,28 @@ def trace_columns(env: Envelope, out: Columns) -> int:
     if not isinstance(paths, list) or not all(
             isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p) for p in paths):
         raise InvalidMessage("bad_body", "trace.paths must be a list of [parent, name] pairs")
-    if not isinstance(ev.get("category"), list):
-        raise InvalidMessage("bad_body", "trace.events.category missing")
-    n = len(ev["category"])
-    cols = {c: _int_list(ev.get(c), f"trace.events.{c}", n, _I32 if c in _TRACE_I32 else _I64)
-            for c in TRACE_INT_COLUMNS}
+    try:
+        n, cols = unpack_int_columns(ev, b.get("column_types"), TRACE_INT_COLUMNS)
+    except ValueError as e:
+        raise InvalidMessage("bad_body", f"trace.events.{e}") from None
+    if "count" in b and b["count"] != n:
+        raise InvalidMessage("bad_body", f"trace.count is {b['count']!r}, the columns hold {n} events")
     if not n:
         return 0
-    attrs_in = ev.get("attrs", [None] * n)
-    if not isinstance(attrs_in, list) or len(attrs_in) != n:
-        raise InvalidMessage("bad_body", f"trace.events.attrs must be a list of {n} values")
-    if not all(0 <= c < len(cats) for c in cols["category"]):
+    for c in _TRACE_I32:
+        if cols[c].min() < _I32[0] or cols[c].max() > _I32[1]:
+            raise InvalidMessage("bad_body", f"trace.events.{c} holds values out of range {_I32}")
+    attrs = _trace_attrs(b, n)
+    if cols["category"].min() < 0 or cols["category"].max() >= len(cats):
         raise InvalidMessage("bad_body", "trace.events.category outside the categories table")
-    if not all(0 <= i < len(names) for i in cols["name"]):
+    if cols["name"].min() < 0 or cols["name"].max() >= len(names):
         raise InvalidMessage("bad_body", "trace.events.name outside the names table")
-    if any(not -1 <= p < len(paths) for p in cols["path"]):
+    if cols["path"].min() < -1 or cols["path"].max() >= len(paths):
         raise InvalidMessage("bad_body", "trace.events.path outside the paths table")
+    path_list = cols["path"].tolist()
     # Call paths: resolve each used id once (parents first, iteratively; a cycle is an error).
     resolved: dict[int, str] = {}
-    for pid in set(cols["path"]) - {-1}:
+    for pid in set(path_list) - {-1}:
         chain: list[int] = []
         p = pid
         while p >= 0 and p not in resolved:
@@ -332,17 +357,17 @@ def trace_columns(env: Envelope, out: Columns) -> int:
             prefix = leaf if prefix is None else f"{prefix};{leaf}"
             resolved[q] = prefix
     t0 = _int(b.get("t0_ns"), "trace.t0_ns")
-    starts, t = [], t0
-    for d in cols["start_delta_ns"]:
-        t += d
-        starts.append(t)
-    _check_range(starts, "trace.start_ns")
-    cat_names = [cats[c] for c in cols["category"]]
-    row_names = [resolved[p] if p >= 0 else names[i] for i, p in zip(cols["name"], cols["path"], strict=True)]
-    attrs = [_attr_map(a, "trace.events.attrs[]") for a in attrs_in]
+    deltas = cols["start_delta_ns"]
+    if abs(t0) + max(abs(int(deltas.min())), abs(int(deltas.max()))) * n >= _I64[1]:      # the cumulative sum could wrap
+        starts = list(itertools.accumulate(deltas.tolist(), initial=t0))[1:]
+        _check_range(starts, "trace.start_ns")
+    else:
+        starts = (t0 + np.cumsum(deltas)).tolist()
+    cat_names = [cats[c] for c in cols["category"].tolist()]
+    row_names = [resolved[p] if p >= 0 else names[i] for i, p in zip(cols["name"].tolist(), path_list, strict=True)]
     out.extend(n, job=env.job, window_id=window_id, rank=env.rank, category=cat_names, name=row_names,
-               start_ns=starts, dur_ns=cols["dur_ns"], device=cols["device"], stream=cols["stream"],
-               step=cols["step"], bytes=cols["bytes"], attrs=attrs)
+               start_ns=starts, dur_ns=cols["dur_ns"].tolist(), device=cols["device"].tolist(),
+               stream=cols["stream"].tolist(), step=cols["step"].tolist(), bytes=cols["bytes"].tolist(), attrs=attrs)
     return n
 
 

@@ -19,10 +19,11 @@ from producers.trace_events import (
     CATEGORIES,
     PYTHON,
     chunk,
+    decode_chunk,
     detect_clock_offset_ns,
     exclusive_times,
     experimental_config,
-    extract_events,
+    extract_raw,
     path_strings,
     summarize,
     summary_body,
@@ -67,7 +68,7 @@ def window() -> dict[str, Any]:
     """A 2-step window with a schedule (so ProfilerStep#N annotations exist), converted."""
     rec = _record(with_schedule=True)
     t0 = time.perf_counter()
-    events = extract_events(rec["prof"])
+    events = extract_raw(rec["prof"])
     t1 = time.perf_counter()
     col = to_columnar(events, "w-test", FIRST_STEP)
     t2 = time.perf_counter()
@@ -125,7 +126,7 @@ def test_profiler_steps_are_assigned(window: dict[str, Any]) -> None:
         assert not ((unassigned >= a) & (unassigned < b)).any()
     # The same window without a schedule has no ProfilerStep marks: the tracer's step bounds are used.
     rec = _record(with_schedule=False)
-    col2 = to_columnar(extract_events(rec["prof"]), "w2", None, step_bounds=rec["bounds"])
+    col2 = to_columnar(extract_raw(rec["prof"]), "w2", None, step_bounds=rec["bounds"])
     steps = set(col2["events"]["step"].tolist())
     assert {FIRST_STEP, FIRST_STEP + 1} <= steps
     assert (col2["first_step"], col2["last_step"]) == (FIRST_STEP, FIRST_STEP + 1)
@@ -225,13 +226,13 @@ def test_chunks_roundtrip_through_the_wire(window: dict[str, Any]) -> None:
         assert len(msgpack.packb(body, use_bin_type=True)) <= 8_000
         b = decode(data).body
         assert (b["chunk"], b["chunks"], b["events_total"], b["events_sent"]) == (k, len(bodies), n, n)
-        e = b["events"]
+        e = decode_chunk(b)
         t = b["t0_ns"]
         bpy = path_strings(b["names"], b["paths"])
         for j in range(len(e["category"])):
-            t += e["start_delta_ns"][j]
-            name = bpy[e["path"][j]] if e["path"][j] >= 0 else b["names"][e["name"][j]]
-            got.append((b["categories"][e["category"][j]], name, t, e["dur_ns"][j], e["step"][j],
+            t += int(e["start_delta_ns"][j])
+            name = bpy[int(e["path"][j])] if e["path"][j] >= 0 else b["names"][e["name"][j]]
+            got.append((b["categories"][e["category"][j]], name, t, int(e["dur_ns"][j]), int(e["step"][j]),
                         b["tids"][e["tid"][j]]))
     want = [(CATEGORIES[ev["category"][i]], _name_of(col, i, py), int(ev["start_ns"][i]), int(ev["dur_ns"][i]),
              int(ev["step"][i]), int(ev["tid"][i])) for i in range(n)]
@@ -253,7 +254,7 @@ def test_small_budget_truncates_python_first_and_says_so(window: dict[str, Any])
         bodies, truncated, sent = chunk(col, budget, max_chunk_bytes=4_000)
         assert truncated and 0 < sent < n
         assert sum(len(msgpack.packb(b, use_bin_type=True)) for b in bodies) <= budget
-        kept = [b["categories"][c] for b in bodies for c in b["events"]["category"]]
+        kept = [b["categories"][c] for b in bodies for c in decode_chunk(b)["category"]]
         assert len(kept) == sent
         k = {c: kept.count(c) for c in CATEGORIES}
         # Tiers: python goes first, then cpu ops; ProfilerStep marks and annotations stay.
@@ -270,7 +271,7 @@ def test_small_budget_truncates_python_first_and_says_so(window: dict[str, Any])
     assert partial_python, "no budget kept part of the python events"
     # A budget below the non-python events drops cpu ops too but keeps the ProfilerStep marks.
     bodies, truncated, sent = chunk(col, 600)
-    names = [b["names"][i] for b in bodies for i in b["events"]["name"]]
+    names = [b["names"][i] for b in bodies for i in decode_chunk(b)["name"]]
     assert truncated and sum(1 for x in names if x.startswith("ProfilerStep#")) == 2
     assert all(b["dropped"].get("python") == n_py for b in bodies)
     assert sum(len(msgpack.packb(b, use_bin_type=True)) for b in bodies) <= 600
@@ -283,12 +284,12 @@ def test_small_budget_truncates_python_first_and_says_so(window: dict[str, Any])
 
 def test_garbage_is_rejected_clearly() -> None:
     with pytest.raises(TypeError, match="torch.profiler.profile"):
-        extract_events(object())
+        extract_raw(object())
     with pytest.raises(TypeError):
-        extract_events(None)
+        extract_raw(None)
     never_started = profile(activities=[ProfilerActivity.CPU])
     with pytest.raises((ValueError, TypeError)):
-        extract_events(never_started)
+        extract_raw(never_started)
     with pytest.raises(ValueError, match="event 1"):
         to_columnar([{"type": "cpu_op", "name": "a", "start_ns": 1, "dur_ns": 1}, {"nope": 1}], "w", 0)
     with pytest.raises(ValueError, match="non-integer"):

@@ -172,6 +172,7 @@ def _trace_window() -> tuple[list[bytes], bytes]:
 
 
 def test_trace_and_summary_rows() -> None:
+    from producers.trace_events import decode_chunk
     from rankscope.wire import decode
 
     traces, summary = _trace_window()
@@ -204,13 +205,16 @@ def test_trace_and_summary_rows() -> None:
 
     # A malformed chunk is refused whole: nothing is appended.
     bad = decode(traces[0])
-    bad.body["events"]["name"][0] = 999
+    types = bad.body["column_types"]
+    names = bytearray(bad.body["events"]["name"])
+    names[0:int(types["name"][1])] = b"\x7f" + b"\x00" * (int(types["name"][1]) - 1)   # 127: no such name
+    bad.body["events"]["name"] = bytes(names)
     before = cols.rows
     with pytest.raises(InvalidMessage, match="names table"):
         trace_columns(bad, cols)
     bad = decode(traces[0])
     bad.body["paths"] = [[0, 0]] * len(bad.body["paths"])  # a cycle
-    if any(p >= 0 for p in bad.body["events"]["path"]):
+    if any(p >= 0 for p in decode_chunk(bad.body)["path"]):
         with pytest.raises(InvalidMessage, match="malformed"):
             trace_columns(bad, cols)
     assert cols.rows == before
@@ -218,6 +222,34 @@ def test_trace_and_summary_rows() -> None:
     bad.body["functions"]["count"] = bad.body["functions"]["count"][:-1]
     with pytest.raises(InvalidMessage):
         summary_columns(bad, Columns(TABLE_COLUMNS["function_summaries"]))
+
+
+def test_list_form_trace_chunks_give_the_same_rows() -> None:
+    """Chunks with int-list columns and a full attrs list (what ranks sent before packed columns)
+    are still stored, row for row as the packed form; a packed chunk whose count disagrees is refused."""
+    from producers.trace_events import WIRE_INT_COLUMNS, decode_chunk
+    from rankscope.wire import decode
+
+    traces, _ = _trace_window()
+    packed, listed = Columns(TABLE_COLUMNS["trace_events"]), Columns(TABLE_COLUMNS["trace_events"])
+    for m in traces:
+        env = decode(m)
+        trace_columns(env, packed)
+        cols = decode_chunk(env.body)
+        body = {k: v for k, v in env.body.items() if k not in ("column_types", "count")}
+        body["events"] = {**{c: cols[c].tolist() for c in WIRE_INT_COLUMNS}, "attrs": cols["attrs"]}
+        trace_columns(decode(encode(Envelope(kind="trace", job=env.job, rank=env.rank, host=env.host, pid=env.pid,
+                                             seq=env.seq, sent_ns=env.sent_ns, body=body))), listed)
+    assert packed.rows == listed.rows == 6 and packed.data == listed.data
+    bad = decode(traces[0])
+    bad.body["count"] += 1
+    with pytest.raises(InvalidMessage, match="count"):
+        trace_columns(bad, packed)
+    bad = decode(traces[0])
+    bad.body["events"]["attrs"] = [[99, {"a": 1}]]
+    with pytest.raises(InvalidMessage, match="row in the chunk"):
+        trace_columns(bad, packed)
+    assert packed.rows == 6
 
 
 @pytest.mark.clickhouse

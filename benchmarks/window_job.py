@@ -1,0 +1,123 @@
+"""Trace-window overhead on a CPU DDP job (run under torchrun; rank 0 writes the result JSON).
+
+Every rank trains the same DDP MLP as ``rankscope.demo.train --ddp`` with the always-on tracer,
+and times, alternating (ABC, BCA, CAB, ...):
+
+- ``none``: ``WINDOW + TRAIL`` steps, no profiler;
+- ``bare``: a bare torch.profiler (same activities, ``with_stack``, a RECORD schedule, ``step()``
+  per step) around ``WINDOW`` steps, ``stop()`` and ``events()`` taken, then ``TRAIL`` more steps;
+- ``rankscope``: a rankscope window of ``WINDOW`` steps opened through the tracer's window
+  controller (what a control message does), then ``TRAIL`` more steps while the window is converted,
+  summarised, chunked and produced to the real broker on the tracer's sender thread, plus any wait
+  until it is shipped.
+
+DDP keeps the ranks in lockstep, so every rank profiles the same steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rankscope import Tracer
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--window", type=int, default=5, help="steps in each window")
+    p.add_argument("--trail", type=int, default=20, help="training steps timed after each window")
+    p.add_argument("--size", type=int, default=192)
+    p.add_argument("--result-file", required=True)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+    torch.manual_seed(rank)
+    layers: list[torch.nn.Module] = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(args.size, args.size), torch.nn.ReLU()]
+    model = DDP(torch.nn.Sequential(*layers))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(args.size, args.size)
+    tracer = Tracer()
+    tracer.watch_ddp(model)
+
+    def train_step() -> None:
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tracer.step()
+
+    def run_none() -> float:
+        t0 = time.perf_counter()
+        for _ in range(args.window + args.trail):
+            train_step()
+        return time.perf_counter() - t0
+
+    def run_bare() -> float:
+        t0 = time.perf_counter()
+        prof = profile(activities=[ProfilerActivity.CPU], with_stack=True, schedule=lambda s: ProfilerAction.RECORD)
+        prof.start()
+        for i in range(args.window):
+            train_step()
+            if i < args.window - 1:
+                prof.step()
+        prof.stop()
+        prof.profiler.kineto_results.events()  # what any consumer of the window must at least do
+        for _ in range(args.trail):
+            train_step()
+        return time.perf_counter() - t0
+
+    windows = tracer.windows
+    events: list[int] = []
+
+    def run_rankscope(k: int) -> float:
+        done = windows.windows_done
+        t0 = time.perf_counter()
+        windows.handle("trace", f"bench{k}", {"steps": args.window, "lead_ns": 0}, None, time.time_ns())
+        tracer.step()               # the step boundary at which the window opens
+        for _ in range(args.window + args.trail):
+            train_step()
+        windows.drain(60)           # shipped: conversion and producing are included
+        elapsed = time.perf_counter() - t0
+        if windows.windows_done != done + 1:
+            raise RuntimeError(f"window bench{k} was not shipped")
+        return elapsed
+
+    for _ in range(10):
+        train_step()
+    runs: dict[str, list[float]] = {"none": [], "bare": [], "rankscope": []}
+    modes = ["none", "bare", "rankscope"]
+    for k in range(args.repeats):
+        for m in modes[k % 3:] + modes[:k % 3]:
+            runs[m].append(run_none() if m == "none" else run_bare() if m == "bare" else run_rankscope(k))
+    tracer.close()
+    if rank == 0:
+        med = {m: statistics.median(v) for m, v in runs.items()}
+        out: dict[str, Any] = {"runs_s": runs, "median_s": med, "window_steps": args.window,
+                               "trail_steps": args.trail, "window_ratio": med["rankscope"] / med["bare"],
+                               "bare_vs_none": med["bare"] / med["none"]}
+        with open(args.result_file, "w") as f:
+            json.dump(out, f)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Event categories of a trace window and how a profiler event is put in one.
+
+Categories (``trace_events.category``), codes = index in :data:`CATEGORIES`:
+kernel, memcpy, memset, runtime (cuda/hip/xpu runtime and driver calls), cpu_op, collective
+(``c10d::*`` and ``record_param_comms`` CPU ops, ``gloo:*``/``nccl:*`` annotations, ``nccl*`` GPU
+kernels), python (python_function), annotation (user and GPU annotations, ``ProfilerStep#N``, other
+Kineto types such as overhead or instant events).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+CATEGORIES: tuple[str, ...] = ("kernel", "memcpy", "memset", "runtime", "cpu_op", "collective", "python",
+                               "annotation")
+CAT = {c: i for i, c in enumerate(CATEGORIES)}
+KERNEL, MEMCPY, MEMSET, RUNTIME, CPU_OP, COLLECTIVE, PYTHON, ANNOTATION = range(len(CATEGORIES))
+# Device-side categories that count as useful GPU work for exclusive time.
+GPU_WORK = (KERNEL, MEMCPY, MEMSET, COLLECTIVE)
+
+RUNTIME_TYPES = frozenset({"cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver",
+                           "mtia_runtime", "xpu_runtime", "hip_runtime", "hip_driver"})
+COLLECTIVE_PREFIXES = ("c10d::", "gloo:", "nccl:")
+_NCCL_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
+                "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "byte": 1, "uint8": 1,
+                "char": 1, "int8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complexfloat": 8,
+                "complexdouble": 16}
+_COLLECTIVE_META = {"Collective name": "op", "Process Group Name": "pg", "Process Group Description": "pg_desc",
+                    "Group size": "group_size", "dtype": "dtype", "In msg nelems": "in_nelems",
+                    "Out msg nelems": "out_nelems", "Seq": "seq", "Rank": "peer_rank"}
+
+
+def is_collective_cpu(name: str) -> bool:
+    return name.startswith(COLLECTIVE_PREFIXES) or name == "record_param_comms"
+
+
+def classify(activity_type: str, name: str) -> int:
+    """Category code of one event from its Kineto activity type and name."""
+    at = activity_type
+    if at == "cpu_op":
+        return COLLECTIVE if is_collective_cpu(name) else CPU_OP
+    if at == "python_function":
+        return PYTHON
+    if at == "user_annotation":
+        return COLLECTIVE if name.startswith(("gloo:", "nccl:")) else ANNOTATION
+    if at == "kernel":
+        return COLLECTIVE if name.startswith("nccl") else KERNEL
+    if at == "gpu_memcpy":
+        return MEMCPY
+    if at == "gpu_memset":
+        return MEMSET
+    if at in RUNTIME_TYPES:
+        return RUNTIME
+    # gpu_user_annotation, cpu_instant_event, overhead, cuda_sync, ...: markers, not work.
+    return ANNOTATION
+
+
+def attrs_and_bytes(category: int, activity_type: str, name: str, meta: dict[str, Any] | None,
+                    shapes: Sequence[Sequence[int]] | None, dtypes: Sequence[str] | None,
+                    nbytes: int) -> tuple[dict[str, Any] | None, int]:
+    """(attrs, bytes) of one event of ``category``: collectives get op/pg/group_size/dtype/in_nelems/...
+    and their message size, memcpy its kind, kernels grid/block when exposed, odd annotation types
+    their type."""
+    meta = meta or {}
+    if category == COLLECTIVE:
+        return _collective_attrs(name, meta, shapes, dtypes), nbytes or _collective_bytes(meta, shapes, dtypes)
+    if category == KERNEL:
+        attrs = {k: meta[k] for k in ("grid", "block") if k in meta}
+        return attrs or None, nbytes
+    if category == MEMCPY:
+        kind = name[len("Memcpy "):].split(" ", 1)[0] if name.startswith("Memcpy ") else name
+        return {"kind": kind}, nbytes
+    if category in (MEMSET, CPU_OP):
+        return None, nbytes
+    if category == ANNOTATION and activity_type not in ("user_annotation", "gpu_user_annotation"):
+        return {"type": activity_type}, nbytes
+    if category == ANNOTATION and activity_type == "gpu_user_annotation":
+        return None, nbytes
+    return None, 0
+
+
+def _op_name(raw: str) -> str:
+    """Collective op names normalised across backends: all_reduce / allreduce_ / AllReduce -> allreduce."""
+    return raw.replace("_", "").lower()
+
+
+def _nelems(shapes: Sequence[Sequence[int]] | None) -> int:
+    total = 0
+    for s in shapes or ():
+        if s:
+            k = 1
+            for d in s:
+                k *= int(d)
+            total += k
+    return total
+
+
+def _collective_attrs(name: str, meta: dict[str, Any], shapes: Sequence[Sequence[int]] | None,
+                      dtypes: Sequence[str] | None) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    for k, a in _COLLECTIVE_META.items():
+        v = meta.get(k)
+        if v is not None and v != "":
+            attrs[a] = v
+    if "op" in attrs:
+        attrs["op"] = _op_name(str(attrs["op"]))
+    else:
+        m = _NCCL_KERNEL_RE.match(name)
+        if m:
+            raw = m.group(1)
+        elif ":" in name:
+            raw = name.rsplit(":", 1)[1]
+        else:
+            raw = name
+        attrs["op"] = _op_name(raw)
+    if "in_nelems" not in attrs and shapes:
+        n = _nelems(shapes)
+        if n:
+            attrs["in_nelems"] = n
+    if "dtype" not in attrs and dtypes:
+        dt = [d for d in dtypes if d]
+        if dt:
+            attrs["dtype"] = dt[0]
+    return attrs
+
+
+def _collective_bytes(meta: dict[str, Any], shapes: Sequence[Sequence[int]] | None,
+                      dtypes: Sequence[str] | None) -> int:
+    n = meta.get("In msg nelems")
+    dtype = meta.get("dtype")
+    if not isinstance(n, int) and shapes:
+        n = _nelems(shapes)
+        dtype = next((d for d in (dtypes or []) if d), dtype)
+    size = _DTYPE_BYTES.get(str(dtype).lower().replace("torch.", "")) if dtype else None
+    return int(n) * size if isinstance(n, int) and size else 0

@@ -1,0 +1,396 @@
+"""torch.profiler -> the events of one window as column lists (the only torch-facing code).
+
+:func:`extract_raw` reads ``kineto_results.events()`` directly (no JSON export) into a
+:class:`RawEvents`: three groups of plain lists (python frames, other host events, device events),
+each with only the columns that group has, categorised on the way. No per-event dict or object is
+built: reading a KinetoEvent costs ~0.15-0.3 µs per accessor call, so the loop calls each accessor
+it needs once and appends to lists; :func:`producers.trace_events.to_columnar` turns the groups
+into numpy columns.
+
+Event dicts (:meth:`RawEvents.add`; what the offline Kineto-JSON reader produces)::
+
+    {"type": kineto activity type ("cpu_op", "python_function", "user_annotation", "kernel",
+              "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "gpu_user_annotation", ...),
+     "name": str, "start_ns": int (host wall clock, ns since the epoch), "dur_ns": int,
+     # optional, defaults in brackets:
+     "device": GPU index, -1 for host-side events [-1], "stream": GPU stream [-1],
+     "tid": system thread id of host-side events [-1], "corr": correlation id [0],
+     "linked": for GPU events the correlation id of the CPU op that launched them [0],
+     "py_id"/"py_parent": python_function id and its parent's id [-1], "bytes": [0],
+     "meta": dict of Kineto metadata (collective fields, grid/block, bytes) [None],
+     "shapes"/"dtypes": input shapes and dtypes of collective ops, when recorded [None]}
+
+Clock: Kineto reports ``start_ns`` on the Unix epoch (torch converts its TSC clock with
+``ApproximateClockToUnixTimeConverter``; measured with torch 2.15 on CPU: every event lies between
+``time.time_ns()`` taken before ``start()`` and after ``stop()``), so the offset is 0.
+:func:`detect_clock_offset_ns` checks that on every window and returns ``wall - monotonic`` if a
+build ever reports monotonic time.
+
+GPU metadata (stream, memcpy bytes, grid/block, NCCL collective fields) is only exposed to Python
+when the profiler runs with ``experimental_config=experimental_config()`` (``expose_kineto_event_metadata``);
+without it GPU streams still come from ``device_resource_id`` but bytes and collective sizes are 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from producers.categories import (
+    ANNOTATION,
+    COLLECTIVE,
+    CPU_OP,
+    PYTHON,
+    RUNTIME_TYPES,
+    attrs_and_bytes,
+    classify,
+    is_collective_cpu,
+)
+
+ADDR_RE = re.compile(r" at 0x[0-9a-fA-F]+")
+# Names torch itself drops from prof.events() (torch/autograd/profiler_util.py:_filter_name).
+FILTERED_NAMES = frozenset({"[memory]", "[OutOfMemory]", "profiler::_record_function_enter",
+                            "profiler::_record_function_enter_new", "profiler::_record_function_exit",
+                            "aten::is_leaf", "aten::output_nr", "aten::_version"})
+# Kineto activity types by side (others are resolved with device_type()).
+_HOST_TYPES = frozenset({"cpu_op", "user_annotation", "cpu_instant_event", "python_function", "overhead"}
+                        | RUNTIME_TYPES)
+_DEVICE_TYPES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync",
+                           "concurrent_kernel"})
+_DAY_NS = 86_400 * 10**9
+
+
+class RawEvents:
+    """The events of one window, as column lists in three groups.
+
+    ``py``: python frames (``name``, ``start_ns``, ``dur_ns``, ``tid``, ``py_id``, ``py_parent``);
+    ``host``: other host events (``category``, ``name``, ``start_ns``, ``dur_ns``, ``tid``, ``corr``,
+    ``bytes``); ``dev``: device events (``category``, ``name``, ``start_ns``, ``dur_ns``, ``device``,
+    ``stream``, ``corr``, ``linked``, ``bytes``). ``name`` indexes ``names`` (python names without
+    object addresses, so that call paths intern across calls); ``host_attrs``/``dev_attrs`` map a
+    group row to its attrs (collectives, memcpy kind, kernel grid/block). ``offset_ns`` is added to
+    every start when the columns are built.
+    """
+
+    PY = ("name", "start_ns", "dur_ns", "tid", "py_id", "py_parent")
+    HOST = ("category", "name", "start_ns", "dur_ns", "tid", "corr", "bytes")
+    DEV = ("category", "name", "start_ns", "dur_ns", "device", "stream", "corr", "linked", "bytes")
+
+    def __init__(self, offset_ns: int = 0) -> None:
+        self.names: list[str] = []
+        self.name_index: dict[str, int] = {}
+        self.py: dict[str, list[int]] = {c: [] for c in self.PY}
+        self.host: dict[str, list[int]] = {c: [] for c in self.HOST}
+        self.dev: dict[str, list[int]] = {c: [] for c in self.DEV}
+        self.host_attrs: dict[int, dict[str, Any]] = {}
+        self.dev_attrs: dict[int, dict[str, Any]] = {}
+        self.offset_ns = offset_ns
+
+    def __len__(self) -> int:
+        return len(self.py["name"]) + len(self.host["name"]) + len(self.dev["name"])
+
+    def intern(self, name: str) -> int:
+        i = self.name_index.get(name)
+        if i is None:
+            i = self.name_index[name] = len(self.names)
+            self.names.append(name)
+        return i
+
+    def add(self, e: dict[str, Any]) -> None:
+        """Append one event dict (see the module docstring). Raises KeyError/TypeError/AttributeError
+        on a dict without the required keys."""
+        at, name = e["type"], e["name"]
+        if at == "python_function":
+            if " at 0x" in name:
+                name = ADDR_RE.sub("", name)
+            py = self.py
+            py["name"].append(self.intern(name))
+            py["start_ns"].append(e["start_ns"])
+            py["dur_ns"].append(e.get("dur_ns", 0))
+            py["tid"].append(e.get("tid", -1))
+            py["py_id"].append(e.get("py_id", -1))
+            py["py_parent"].append(e.get("py_parent", -1))
+            return
+        cat = classify(at, name)
+        device = e.get("device", -1)
+        attrs, nbytes = attrs_and_bytes(cat, at, name, e.get("meta"), e.get("shapes"), e.get("dtypes"),
+                                        int(e.get("bytes", 0) or 0))
+        if device >= 0:
+            g = self.dev
+            if attrs is not None:
+                self.dev_attrs[len(g["name"])] = attrs
+            g["device"].append(device)
+            g["stream"].append(e.get("stream", -1))
+            g["linked"].append(e.get("linked", 0))
+        else:
+            g = self.host
+            if attrs is not None:
+                self.host_attrs[len(g["name"])] = attrs
+            g["tid"].append(e.get("tid", -1))
+        g["category"].append(cat)
+        g["name"].append(self.intern(name))
+        g["start_ns"].append(e["start_ns"])
+        g["dur_ns"].append(e.get("dur_ns", 0))
+        g["corr"].append(e.get("corr", 0))
+        g["bytes"].append(nbytes)
+
+    @classmethod
+    def from_dicts(cls, events: Iterable[dict[str, Any]]) -> RawEvents:
+        """Raises ValueError naming the first event that is not an event dict."""
+        raw = cls()
+        i = -1
+        e: Any = None
+        try:
+            for i, e in enumerate(events):
+                raw.add(e)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"event {i} is not an event dict ({type(exc).__name__}: {exc}): {e!r:.120}") from None
+        return raw
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a stopped profiler
+# --------------------------------------------------------------------------------------------
+
+def experimental_config() -> Any:
+    """The ``experimental_config`` to pass to ``torch.profiler.profile`` so that GPU metadata (stream,
+    bytes, grid/block, NCCL collective sizes) reaches :func:`extract_raw`. None if unsupported."""
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return _ExperimentalConfig(expose_kineto_event_metadata=True)
+    except (ImportError, TypeError):
+        return None
+
+
+def detect_clock_offset_ns(sample_ns: int, wall_ns: int | None = None, mono_ns: int | None = None) -> int:
+    """Offset to add to profiler timestamps to get host wall-clock ns since the epoch.
+
+    ``sample_ns`` is a profiler timestamp taken about now (e.g. ``trace_start_ns()``). Within a day of
+    ``time.time_ns()`` it is epoch-based: 0. Within a day of ``time.monotonic_ns()``: ``wall - mono``.
+    Anything else raises ValueError (an unknown clock would store wrong times silently).
+    """
+    wall = time.time_ns() if wall_ns is None else wall_ns
+    mono = time.monotonic_ns() if mono_ns is None else mono_ns
+    if abs(sample_ns - wall) < _DAY_NS:
+        return 0
+    if abs(sample_ns - mono) < _DAY_NS:
+        return wall - mono
+    raise ValueError(f"profiler timestamp {sample_ns} is neither epoch ({wall}) nor monotonic ({mono}) time")
+
+
+def _kineto_result(prof: Any) -> Any:
+    """The ``_ProfilerResult`` of a stopped torch.profiler.profile, a legacy
+    torch.autograd.profiler.profile, or the result itself; None if there is none."""
+    for obj in (getattr(getattr(prof, "profiler", None), "kineto_results", None),
+                getattr(prof, "kineto_results", None), prof):
+        if obj is not None and callable(getattr(obj, "events", None)) and callable(
+                getattr(obj, "trace_start_ns", None)):
+            return obj
+    return None
+
+
+def _parse_meta(e: Any) -> dict[str, Any] | None:
+    """Kineto metadata of one event: ``metadata_json()`` is a JSON object body without braces."""
+    try:
+        s = e.metadata_json()
+    except Exception:
+        s = ""
+    if s:
+        try:
+            obj = json.loads("{" + s + "}")
+            if isinstance(obj, dict):
+                return obj
+        except ValueError:
+            pass
+    try:
+        extra = e.extra_meta()
+    except Exception:
+        return None
+    if not extra:
+        return None
+    out: dict[str, Any] = {}
+    for k, v in dict(extra).items():
+        try:
+            out[k] = json.loads(v) if isinstance(v, str) else v
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def _activity_type(e: Any, cpu: bool) -> str:
+    at = e.activity_type()
+    if isinstance(at, str):
+        return at
+    if e.is_python_function():
+        return "python_function"
+    if e.is_user_annotation():
+        return "user_annotation" if cpu else "gpu_user_annotation"
+    return "cpu_op" if cpu else "kernel"
+
+
+def _results(prof: Any, trace_start_ns: int | None, clock_offset_ns: int | None) -> tuple[Any, int]:
+    """(KinetoEvent list or None, clock offset); raises as documented on :func:`extract_raw`."""
+    result = _kineto_result(prof)
+    if result is None:
+        if not callable(getattr(prof, "events", None)):
+            raise TypeError(f"extract_raw needs a stopped torch.profiler.profile, got {type(prof).__name__}")
+        return None, 0
+    try:
+        raw = result.events()
+        start = result.trace_start_ns()
+    except Exception as exc:
+        raise ValueError(f"profiler results unreadable ({type(exc).__name__}: {exc})") from None
+    return raw, detect_clock_offset_ns(start) if clock_offset_ns is None else clock_offset_ns
+
+
+def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns: int | None = None) -> RawEvents:
+    """The events of a stopped profiler as :class:`RawEvents`.
+
+    Accepts a ``torch.profiler.profile`` after ``stop()`` (or inside ``on_trace_ready``), a legacy
+    ``torch.autograd.profiler.profile``, or their ``kineto_results``. Timestamps are mapped to host
+    wall-clock ns: ``clock_offset_ns`` if given, else :func:`detect_clock_offset_ns` on the trace
+    start. Python frames carry ``py_id``/``py_parent`` (the call tree).
+
+    Fallback: an object whose ``events()`` returns ``FunctionEvent``-like objects (``time_range`` in µs
+    relative to the trace start) is accepted when ``trace_start_ns`` is given.
+
+    Raises TypeError for objects that are not profilers, ValueError for a profiler with no results
+    (not stopped yet, or ``trace_only=True``).
+    """
+    events, offset = _results(prof, trace_start_ns, clock_offset_ns)
+    if events is None:
+        try:
+            fevents = prof.events()
+        except Exception as exc:
+            raise ValueError(f"profiler has no events ({type(exc).__name__}: {exc}); was it stopped?") from None
+        if fevents is None:
+            raise ValueError("profiler has no results; call stop() first (or use on_trace_ready)")
+        if trace_start_ns is None:
+            raise ValueError("FunctionEvent timestamps are relative to the trace start: pass trace_start_ns")
+        return RawEvents.from_dicts(_from_function_events(fevents, trace_start_ns + (clock_offset_ns or 0)))
+    out = RawEvents(offset)
+    if not len(events):
+        return out
+    from torch._C._autograd import DeviceType
+
+    cpu_type = DeviceType.CPU
+    ke = type(events[0])
+    name_of, type_of, start_of, dur_of = ke.name, ke.activity_type, ke.start_ns, ke.duration_ns
+    rid_of, corr_of, pyid_of, pyparent_of = ke.device_resource_id, ke.correlation_id, ke.python_id, ke.python_parent_id
+    hidden = getattr(ke, "is_hidden_event", None)
+    index, names = out.name_index, out.names
+    py, host, dev = out.py, out.host, out.dev
+    p_name, p_start, p_dur, p_tid, p_id, p_parent = (py[c].append for c in RawEvents.PY)
+    h_cat, h_name, h_start, h_dur, h_tid, h_corr, h_bytes = (host[c].append for c in RawEvents.HOST)
+    host_rows = host["name"]
+    for e in events:
+        name = name_of(e)
+        at = type_of(e)
+        if at == "python_function":
+            if " at 0x" in name:
+                name = ADDR_RE.sub("", name)
+            i = index.get(name)
+            if i is None:
+                i = index[name] = len(names)
+                names.append(name)
+            p_name(i)
+            p_start(start_of(e))
+            p_dur(dur_of(e))
+            p_tid(rid_of(e))
+            p_id(pyid_of(e))
+            p_parent(pyparent_of(e))
+            continue
+        if name in FILTERED_NAMES:
+            continue
+        if at == "cpu_op" and not is_collective_cpu(name):
+            if hidden is not None and hidden(e):
+                continue
+            cat, nbytes = CPU_OP, 0
+        elif at in _HOST_TYPES:
+            cat = classify(at, name)
+            nbytes = 0
+            if cat == COLLECTIVE:
+                if at == "cpu_op" and hidden is not None and hidden(e):
+                    continue
+                shapes = e.shapes()
+                attrs, nbytes = attrs_and_bytes(cat, at, name, _parse_meta(e), [list(s) for s in shapes] or None,
+                                                list(e.dtypes()) if shapes else None, 0)
+                out.host_attrs[len(host_rows)] = attrs  # type: ignore[assignment]
+            elif cat == ANNOTATION and at not in ("user_annotation",):
+                out.host_attrs[len(host_rows)] = {"type": at}
+        elif at in _DEVICE_TYPES or e.device_type() != cpu_type:
+            _add_device(out, e, _activity_type(e, False) if at not in _DEVICE_TYPES else at, name)
+            continue
+        else:
+            at = _activity_type(e, True)
+            cat = classify(at, name)
+            attrs, nbytes = attrs_and_bytes(cat, at, name, _parse_meta(e) if cat == COLLECTIVE else None, None, None, 0)
+            if attrs is not None:
+                out.host_attrs[len(host_rows)] = attrs
+        i = index.get(name)
+        if i is None:
+            i = index[name] = len(names)
+            names.append(name)
+        h_cat(cat)
+        h_name(i)
+        h_start(start_of(e))
+        h_dur(dur_of(e))
+        h_tid(rid_of(e))
+        h_corr(corr_of(e))
+        h_bytes(nbytes)
+    return out
+
+
+def _add_device(out: RawEvents, e: Any, at: str, name: str) -> None:
+    """One device-side event (kernel, memcpy/memset, GPU annotation, ...)."""
+    meta = _parse_meta(e)
+    stream = e.device_resource_id()
+    nbytes = 0
+    if meta:
+        if isinstance(meta.get("stream"), int):
+            stream = meta["stream"]
+        if isinstance(meta.get("bytes"), int):
+            nbytes = meta["bytes"]
+    cat = classify(at, name)
+    attrs, nbytes = attrs_and_bytes(cat, at, name, meta, None, None, nbytes)
+    g = out.dev
+    if attrs is not None:
+        out.dev_attrs[len(g["name"])] = attrs
+    g["category"].append(cat)
+    g["name"].append(out.intern(name))
+    g["start_ns"].append(e.start_ns())
+    g["dur_ns"].append(e.duration_ns())
+    g["device"].append(e.device_index())
+    g["stream"].append(stream)
+    g["corr"].append(e.correlation_id())
+    g["linked"].append(e.linked_correlation_id())
+    g["bytes"].append(nbytes)
+
+
+def _from_function_events(fevents: Iterable[Any], base_ns: int) -> list[dict[str, Any]]:
+    out = []
+    for fe in fevents:
+        at = getattr(fe, "activity_type", None)
+        dev = getattr(fe, "device_type", None)
+        cpu = dev is None or getattr(dev, "name", str(dev)).upper().endswith("CPU")
+        if not isinstance(at, str):
+            at = ("python_function" if getattr(fe, "is_python_function", False) else
+                  "user_annotation" if getattr(fe, "is_user_annotation", False) else "cpu_op" if cpu else "kernel")
+        start = base_ns + int(round(fe.time_range.start * 1000))
+        rec: dict[str, Any] = {"type": at, "name": fe.name, "start_ns": start,
+                               "dur_ns": int(round(fe.time_range.elapsed_us() * 1000)),
+                               "corr": int(getattr(fe, "id", 0) or 0)}
+        if cpu:
+            rec["tid"] = int(getattr(fe, "device_resource_id", -1) or getattr(fe, "thread", -1))
+            rec["py_id"] = int(getattr(fe, "python_id", -1) or -1) if at == "python_function" else -1
+            rec["py_parent"] = int(getattr(fe, "python_parent_id", -1) or -1) if at == "python_function" else -1
+        else:
+            rec["device"] = int(getattr(fe, "device_index", 0))
+            rec["stream"] = int(getattr(fe, "device_resource_id", -1))
+            rec["linked"] = int(getattr(fe, "linked_correlation_id", 0) or 0)
+        out.append(rec)
+    return out
