@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         tracer.step()
 
+    phases: dict[str, list[list[float]]] = {"bare": [], "rankscope": []}   # [window, trail, wait] per run
+
     def run_none() -> float:
         t0 = time.perf_counter()
         for _ in range(args.window + args.trail):
@@ -80,22 +82,31 @@ def main(argv: list[str] | None = None) -> int:
                 prof.step()
         prof.stop()
         prof.profiler.kineto_results.events()  # what any consumer of the window must at least do
+        t1 = time.perf_counter()
         for _ in range(args.trail):
             train_step()
-        return time.perf_counter() - t0
+        t2 = time.perf_counter()
+        phases["bare"].append([t1 - t0, t2 - t1, 0.0])
+        return t2 - t0
 
     windows = tracer.windows
-    events: list[int] = []
+    ship: list[tuple[float, float]] = []
 
     def run_rankscope(k: int) -> float:
         done = windows.windows_done
         t0 = time.perf_counter()
         windows.handle("trace", f"bench{k}", {"steps": args.window, "lead_ns": 0}, None, time.time_ns())
         tracer.step()               # the step boundary at which the window opens
-        for _ in range(args.window + args.trail):
+        for _ in range(args.window):
             train_step()
+        t1 = time.perf_counter()
+        for _ in range(args.trail):
+            train_step()
+        t2 = time.perf_counter()
         windows.drain(60)           # shipped: conversion and producing are included
         elapsed = time.perf_counter() - t0
+        phases["rankscope"].append([t1 - t0, t2 - t1, t0 + elapsed - t2])
+        ship.append(windows.last_ship_s)
         if windows.windows_done != done + 1:
             raise RuntimeError(f"window bench{k} was not shipped")
         return elapsed
@@ -112,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         med = {m: statistics.median(v) for m, v in runs.items()}
         out: dict[str, Any] = {"runs_s": runs, "median_s": med, "window_steps": args.window,
                                "trail_steps": args.trail, "window_ratio": med["rankscope"] / med["bare"],
-                               "bare_vs_none": med["bare"] / med["none"]}
+                               "bare_vs_none": med["bare"] / med["none"],
+                               "median_phases_s": {m: [statistics.median(p[i] for p in v) for i in range(3)]
+                                                   for m, v in phases.items()},
+                               "median_ship_wall_s": statistics.median(w for w, _ in ship),
+                               "median_ship_cpu_s": statistics.median(c for _, c in ship)}
         with open(args.result_file, "w") as f:
             json.dump(out, f)
     dist.destroy_process_group()

@@ -70,32 +70,53 @@ def _int_array(values: list[int], name: str) -> np.ndarray:
 
 def _call_paths(raw: RawEvents, py_names: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
     """Path id of every python frame and the interned path table ``[[parent, name], ...]``.
-    Frames are visited in ``py_id`` order (a parent's id is below its children's)."""
-    py = raw.py
+
+    A frame's parent is the frame whose ``py_id`` is its ``py_parent`` and is lower than its own id
+    (the profiler numbers frames in call order; anything else is treated as a root, so garbage
+    cannot make a cycle). Paths are interned level by level, so a parent's path id is below its
+    children's."""
     n = len(py_names)
     path = np.full(n, -1, dtype=np.int64)
     paths: list[list[int]] = []
     if not n:
         return path, paths
-    ids, parents = py["py_id"], py["py_parent"]
-    order: Iterable[int] = range(n)
-    if n > 1 and not bool(np.all(np.diff(_int_array(ids, "py_id")) > 0)):
-        order = sorted(range(n), key=lambda k: (ids[k], py["start_ns"][k]))
-    index: dict[tuple[int, int], int] = {}
-    by_py: dict[int, int] = {}
-    names = py_names.tolist()
-    out = [-1] * n
-    for k in order:
-        key = (by_py.get(parents[k], -1), names[k])
-        pid = index.get(key)
-        if pid is None:
-            pid = index[key] = len(paths)
-            paths.append([key[0], key[1]])
-        out[k] = pid
-        if ids[k] >= 0:
-            by_py[ids[k]] = pid
-    path[:] = out
+    ids = _int_array(raw.py["py_id"], "py_id")
+    parents = _int_array(raw.py["py_parent"], "py_parent")
+    o = np.argsort(ids, kind="stable")
+    sid = ids[o]
+    pos = np.minimum(np.searchsorted(sid, parents), n - 1)
+    has = (parents >= 0) & (sid[pos] == parents) & (parents < ids)
+    parent = np.where(has, o[pos], -1)
+    depth = np.zeros(n, dtype=np.int64)
+    cur = parent
+    while True:                 # ids strictly decrease up a chain: at most n rounds
+        up = cur >= 0
+        if not up.any():
+            break
+        depth += up
+        cur = np.where(up, parent[np.maximum(cur, 0)], -1)
+    width = int(py_names.max()) + 1
+    for d in range(int(depth.max()) + 1):
+        rows = np.flatnonzero(depth == d)
+        p = parent[rows]
+        pp = np.where(p >= 0, path[np.maximum(p, 0)], -1)
+        keys, inv = np.unique((pp + 1) * width + py_names[rows], return_inverse=True)
+        path[rows] = len(paths) + inv
+        paths.extend([k // width - 1, k % width] for k in keys.tolist())
     return path, paths
+
+
+def _sort_order(start: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """``np.lexsort((-dur, start))``, fast for nearly sorted starts: a stable argsort by start, then
+    only the runs of equal starts re-sorted by duration."""
+    order = np.argsort(start, kind="stable")
+    s = start[order]
+    tie = np.flatnonzero(s[1:] == s[:-1])
+    if len(tie):
+        pos = np.unique(np.concatenate([tie, tie + 1]))
+        sub = order[pos]
+        order[pos] = sub[np.lexsort((-dur[sub], start[sub]))]
+    return order
 
 
 def to_columnar(events: RawEvents | Sequence[dict[str, Any]], window_id: str, first_step: int | None,
@@ -195,17 +216,22 @@ def to_columnar(events: RawEvents | Sequence[dict[str, Any]], window_id: str, fi
                 gpu = gpu.copy()
                 gpu[rows] = False  # resolved; the runtime pass only fills the rest
 
-    # Sort by start time (stable: keeps the profiler's parent-before-child order on ties).
-    order = np.lexsort((-dur, start)) if n else np.arange(0)
+    # Sort by start time, longest first on ties (stable: keeps the profiler's parent-before-child
+    # order otherwise).
+    order = _sort_order(start, dur)
     arrays = {"category": cat, "name": name_ids, "start_ns": start, "dur_ns": dur, "device": dev, "stream": stream,
               "step": step, "bytes": nbytes, "corr": corr, "tid": tid, "path": path}
     cols: dict[str, Any] = {k: v[order] for k, v in arrays.items()}
     attrs: list[Any] = [None] * n
+    attr_rows: list[int] = []
     if attrs_at:
         rank_of = np.empty(n, dtype=np.int64)
         rank_of[order] = np.arange(n)
         for i, a in attrs_at.items():
-            attrs[int(rank_of[i])] = a
+            r = int(rank_of[i])
+            attrs[r] = a
+            attr_rows.append(r)
+        attr_rows.sort()
     cols["attrs"] = attrs
 
     if len(s_num):
@@ -217,7 +243,7 @@ def to_columnar(events: RawEvents | Sequence[dict[str, Any]], window_id: str, fi
         first = first_step if first_step is not None else -1
         last = first
     return {"window_id": window_id, "first_step": first, "last_step": last, "start_ns": w_start, "end_ns": w_end,
-            "categories": list(CATEGORIES), "names": names, "paths": paths, "events": cols}
+            "categories": list(CATEGORIES), "names": names, "paths": paths, "events": cols, "attr_rows": attr_rows}
 
 
 def path_strings(names: Sequence[str], paths: Sequence[Sequence[int]], ids: Iterable[int] | None = None,
@@ -263,7 +289,8 @@ def _cpu_self_time(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     ended = np.searchsorted(np.sort(end), start, side="right")
     depth = ords - ended
     key = depth * n + ords
-    sk = np.argsort(key, kind="stable")
+    # Sorting by depth (stable) sorts by key; small ints take numpy's radix sort.
+    sk = np.argsort(depth.astype(np.int16) if depth.max(initial=0) < 2**15 else depth, kind="stable")
     skey = key[sk]
     want = (depth - 1) * n + ords
     pos = np.searchsorted(skey, want, side="left") - 1
@@ -328,10 +355,17 @@ def exclusive_times(col: dict[str, Any]) -> np.ndarray:
     # Host: self time within each thread's nesting (annotations excluded from the forest).
     nest = host & ~is_ann & (dur > 0)
     prio = np.select([cat == PYTHON, cat == COLLECTIVE, cat == CPU_OP], [0, 1, 2], 3)
+    presorted = bool(np.all((start[1:] > start[:-1]) | ((start[1:] == start[:-1]) & (end[1:] <= end[:-1]))))
     for t in np.unique(tid[nest]):
         idx = np.flatnonzero(nest & (tid == t))
-        o = np.lexsort((prio[idx], -end[idx], start[idx]))
-        idx = idx[o]
+        if presorted:       # columns come sorted by (start, -dur): only equal intervals need the tie break
+            same = np.flatnonzero((start[idx][1:] == start[idx][:-1]) & (end[idx][1:] == end[idx][:-1]))
+            if len(same):
+                pos = np.unique(np.concatenate([same, same + 1]))
+                sub = idx[pos]
+                idx[pos] = sub[np.lexsort((prio[sub], -end[sub], start[sub]))]
+        else:
+            idx = idx[np.lexsort((prio[idx], -end[idx], start[idx]))]
         out[idx] = _cpu_self_time(start[idx], end[idx])
     for t in np.unique(tid[host & is_ann]):
         a = np.flatnonzero(host & is_ann & (tid == t))
@@ -499,6 +533,9 @@ def _chunk_body(col: dict[str, Any], rows: np.ndarray, attrs_at: dict[int, Any])
             "paths": new_paths, "tids": tids.tolist(), "column_types": types, "events": events}
 
 
+_MAX_U32 = 2**32 - 1   # sizing placeholder for the chunk index and count
+
+
 def _packed_len(body: Any) -> int:
     return len(msgpack.packb(body, use_bin_type=True))
 
@@ -506,8 +543,8 @@ def _packed_len(body: Any) -> int:
 def _split(col: dict[str, Any], rows: np.ndarray, sizes: np.ndarray, attrs_at: dict[int, Any],
            max_chunk_bytes: int, header: dict[str, Any], sizes_out: list[int]) -> list[dict[str, Any]]:
     """Cut ``rows`` (sorted by start) into bodies of at most ``max_chunk_bytes`` packed bytes
-    (``header`` included; 8 bytes are reserved for the chunk index and count added afterwards).
-    Appends each body's packed size bound (packed bytes + 8) to ``sizes_out``."""
+    (``header`` included; bodies are sized with the largest chunk index and count, which are set
+    afterwards). Appends each body's packed size bound to ``sizes_out``."""
     if not len(rows):
         return []
     target = max(1, int(max_chunk_bytes * 0.85))
@@ -518,13 +555,13 @@ def _split(col: dict[str, Any], rows: np.ndarray, sizes: np.ndarray, attrs_at: d
     stack = [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a][::-1]
     while stack:
         a, b = stack.pop()
-        body = {**_chunk_body(col, rows[a:b], attrs_at), **header}
+        body = {**_chunk_body(col, rows[a:b], attrs_at), **header, "chunk": _MAX_U32, "chunks": _MAX_U32}
         size = _packed_len(body)
-        if b - a > 1 and size > max_chunk_bytes - 8:
+        if b - a > 1 and size > max_chunk_bytes:
             m = (a + b) // 2
             stack.extend([(m, b), (a, m)])
             continue
-        sizes_out.append(size + 8)             # + the chunk index and count added afterwards (<= 8 bytes)
+        sizes_out.append(size)
         out.append(body)
     return out
 
@@ -557,7 +594,11 @@ def chunk(col: dict[str, Any], byte_budget: int, max_chunk_bytes: int = 512_000
     n = len(ev["category"])
     if n == 0:
         return [], False, 0
-    attrs_at = {i: a for i, a in enumerate(ev["attrs"]) if a is not None}
+    attrs = ev["attrs"]
+    rows_with = col.get("attr_rows")
+    if rows_with is None:
+        rows_with = [i for i, a in enumerate(attrs) if a is not None]
+    attrs_at = {i: attrs[i] for i in rows_with}
     start = np.asarray(ev["start_ns"], dtype=np.int64)
     # Packed bytes per event: each column at the window's narrowest type (a chunk's is no wider),
     # plus its attrs.
@@ -568,11 +609,7 @@ def chunk(col: dict[str, Any], byte_budget: int, max_chunk_bytes: int = 512_000
     if attrs_at:
         rows_a = np.fromiter(attrs_at, dtype=np.int64, count=len(attrs_at))
         sizes[rows_a] += np.array([_packed_len([0, a]) for a in attrs_at.values()], dtype=np.int64)
-    tier = _tiers(col)
-    dur = np.asarray(ev["dur_ns"], dtype=np.int64)
     cat = np.asarray(ev["category"], dtype=np.int64)
-    prio = np.lexsort((-dur, tier))          # keep order: tier asc, then longest first
-    cum_prio = np.cumsum(sizes[prio])
 
     first_step = int(col["first_step"])
 
@@ -591,6 +628,9 @@ def chunk(col: dict[str, Any], byte_budget: int, max_chunk_bytes: int = 512_000
     rows = np.arange(n)
     bodies, total = build(rows)
     if total > byte_budget:
+        dur = np.asarray(ev["dur_ns"], dtype=np.int64)
+        prio = np.lexsort((-dur, _tiers(col)))          # keep order: tier asc, then longest first
+        cum_prio = np.cumsum(sizes[prio])
         # Shrink the estimated event budget until the packed bodies fit; tables and the larger start
         # deltas of a thinned window make the estimate low, so correct multiplicatively.
         event_budget = int(cum_prio[-1]) * byte_budget / total

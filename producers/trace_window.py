@@ -75,6 +75,7 @@ class WindowController:
         self._work: queue.Queue[tuple[_Active, int]] = queue.Queue(maxsize=4)
         self._worker: threading.Thread | None = None
         self.windows_done = 0
+        self.last_ship_s = (0.0, 0.0)           # (wall, sender-thread CPU) seconds of the last window sent
 
     # Control thread --------------------------------------------------------------------------
     def handle(self, command: str, request_id: str, args: dict[str, Any], ranks: list[int] | None,
@@ -212,7 +213,11 @@ class WindowController:
                 self._work.task_done()
 
     def _ship(self, act: _Active, end_ns: int) -> None:
+        import time
+
         from producers.trace_events import chunk, extract_raw, summarize, summary_body, to_columnar
+
+        wall0, cpu0 = time.perf_counter(), time.thread_time()
 
         raw = extract_raw(act.profiler)  # off the training thread: the profiler has stopped
         act.profiler = None
@@ -226,6 +231,7 @@ class WindowController:
         body.update(request_id=act.request.request_id, request_ranks=act.request.ranks,
                     arrivals=collective_arrivals(cols))
         self._send_summary("summary", body)
+        self.last_ship_s = (time.perf_counter() - wall0, time.thread_time() - cpu0)
         self.windows_done += 1
         total = body["events_total"]
         detail = (f"window {act.window_id}: steps {body['first_step']}-{body['last_step']}, {sent}/{total} events sent"
