@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 prof.step()
         prof.stop()
         prof.profiler.kineto_results.events()  # what any consumer of the window must at least do
+        del prof                               # done with the window (rankscope drops it too)
         t1 = time.perf_counter()
         for _ in range(args.trail):
             train_step()
