@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from producers.categories import (
@@ -60,7 +60,6 @@ _HOST_TYPES = frozenset({"cpu_op", "user_annotation", "cpu_instant_event", "pyth
 _DEVICE_TYPES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync",
                            "concurrent_kernel"})
 _DAY_NS = 86_400 * 10**9
-_SLICE = 256
 
 
 class RawEvents:
@@ -232,7 +231,7 @@ def _activity_type(e: Any, cpu: bool) -> str:
     return "cpu_op" if cpu else "kernel"
 
 
-def _results(prof: Any, trace_start_ns: int | None, clock_offset_ns: int | None) -> tuple[Any, int]:
+def _results(prof: Any, clock_offset_ns: int | None) -> tuple[Any, int]:
     """(KinetoEvent list or None, clock offset); raises as documented on :func:`extract_raw`."""
     result = _kineto_result(prof)
     if result is None:
@@ -247,8 +246,7 @@ def _results(prof: Any, trace_start_ns: int | None, clock_offset_ns: int | None)
     return raw, detect_clock_offset_ns(start) if clock_offset_ns is None else clock_offset_ns
 
 
-def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns: int | None = None,
-                pause: Callable[[], None] | None = None) -> RawEvents:
+def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns: int | None = None) -> RawEvents:
     """The events of a stopped profiler as :class:`RawEvents`.
 
     Accepts a ``torch.profiler.profile`` after ``stop()`` (or inside ``on_trace_ready``), a legacy
@@ -259,13 +257,10 @@ def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns
     Fallback: an object whose ``events()`` returns ``FunctionEvent``-like objects (``time_range`` in µs
     relative to the trace start) is accepted when ``trace_start_ns`` is given.
 
-    ``pause`` is called after every ``_SLICE`` events (the sender thread uses it to let the
-    training thread have the GIL).
-
     Raises TypeError for objects that are not profilers, ValueError for a profiler with no results
     (not stopped yet, or ``trace_only=True``).
     """
-    events, offset = _results(prof, trace_start_ns, clock_offset_ns)
+    events, offset = _results(prof, clock_offset_ns)
     if events is None:
         try:
             fevents = prof.events()
@@ -291,64 +286,61 @@ def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns
     p_name, p_start, p_dur, p_tid, p_id, p_parent = (py[c].append for c in RawEvents.PY)
     h_cat, h_name, h_start, h_dur, h_tid, h_corr, h_bytes = (host[c].append for c in RawEvents.HOST)
     host_rows = host["name"]
-    for lo in range(0, len(events), _SLICE):
-        for e in events[lo:lo + _SLICE]:
-            name = name_of(e)
-            at = type_of(e)
-            if at == "python_function":
-                if " at 0x" in name:
-                    name = ADDR_RE.sub("", name)
-                i = index.get(name)
-                if i is None:
-                    i = index[name] = len(names)
-                    names.append(name)
-                p_name(i)
-                p_start(start_of(e))
-                p_dur(dur_of(e))
-                p_tid(rid_of(e))
-                p_id(pyid_of(e))
-                p_parent(pyparent_of(e))
-                continue
-            if name in FILTERED_NAMES:
-                continue
-            if at == "cpu_op" and not is_collective_cpu(name):
-                if hidden is not None and hidden(e):
-                    continue
-                cat, nbytes = CPU_OP, 0
-            elif at in _HOST_TYPES:
-                cat = classify(at, name)
-                nbytes = 0
-                if cat == COLLECTIVE:
-                    if at == "cpu_op" and hidden is not None and hidden(e):
-                        continue
-                    shapes = e.shapes()
-                    attrs, nbytes = attrs_and_bytes(cat, at, name, _parse_meta(e), [list(s) for s in shapes] or None,
-                                                    list(e.dtypes()) if shapes else None, 0)
-                    out.host_attrs[len(host_rows)] = attrs  # type: ignore[assignment]
-                elif cat == ANNOTATION and at not in ("user_annotation",):
-                    out.host_attrs[len(host_rows)] = {"type": at}
-            elif at in _DEVICE_TYPES or e.device_type() != cpu_type:
-                _add_device(out, e, _activity_type(e, False) if at not in _DEVICE_TYPES else at, name)
-                continue
-            else:
-                at = _activity_type(e, True)
-                cat = classify(at, name)
-                attrs, nbytes = attrs_and_bytes(cat, at, name, _parse_meta(e) if cat == COLLECTIVE else None, None, None, 0)
-                if attrs is not None:
-                    out.host_attrs[len(host_rows)] = attrs
+    for e in events:
+        name = name_of(e)
+        at = type_of(e)
+        if at == "python_function":
+            if " at 0x" in name:
+                name = ADDR_RE.sub("", name)
             i = index.get(name)
             if i is None:
                 i = index[name] = len(names)
                 names.append(name)
-            h_cat(cat)
-            h_name(i)
-            h_start(start_of(e))
-            h_dur(dur_of(e))
-            h_tid(rid_of(e))
-            h_corr(corr_of(e))
-            h_bytes(nbytes)
-        if pause is not None:
-            pause()
+            p_name(i)
+            p_start(start_of(e))
+            p_dur(dur_of(e))
+            p_tid(rid_of(e))
+            p_id(pyid_of(e))
+            p_parent(pyparent_of(e))
+            continue
+        if name in FILTERED_NAMES:
+            continue
+        if at == "cpu_op" and not is_collective_cpu(name):
+            if hidden is not None and hidden(e):
+                continue
+            cat, nbytes = CPU_OP, 0
+        elif at in _HOST_TYPES:
+            cat = classify(at, name)
+            nbytes = 0
+            if cat == COLLECTIVE:
+                if at == "cpu_op" and hidden is not None and hidden(e):
+                    continue
+                shapes = e.shapes()
+                attrs, nbytes = attrs_and_bytes(cat, at, name, _parse_meta(e), [list(s) for s in shapes] or None,
+                                                list(e.dtypes()) if shapes else None, 0)
+                out.host_attrs[len(host_rows)] = attrs  # type: ignore[assignment]
+            elif cat == ANNOTATION and at not in ("user_annotation",):
+                out.host_attrs[len(host_rows)] = {"type": at}
+        elif at in _DEVICE_TYPES or e.device_type() != cpu_type:
+            _add_device(out, e, _activity_type(e, False) if at not in _DEVICE_TYPES else at, name)
+            continue
+        else:
+            at = _activity_type(e, True)
+            cat = classify(at, name)
+            attrs, nbytes = attrs_and_bytes(cat, at, name, _parse_meta(e) if cat == COLLECTIVE else None, None, None, 0)
+            if attrs is not None:
+                out.host_attrs[len(host_rows)] = attrs
+        i = index.get(name)
+        if i is None:
+            i = index[name] = len(names)
+            names.append(name)
+        h_cat(cat)
+        h_name(i)
+        h_start(start_of(e))
+        h_dur(dur_of(e))
+        h_tid(rid_of(e))
+        h_corr(corr_of(e))
+        h_bytes(nbytes)
     return out
 
 
