@@ -6,7 +6,7 @@ WHEELHOUSE ?= $(HOME)/.cache/rankscope/wheels
 export RANKSCOPE_DATA_DIR ?= $(CURDIR)/.rankscope
 PYTEST_ARGS ?=
 
-.PHONY: install browser kafka-jars demo up down status test bench lint clean
+.PHONY: install native browser kafka-jars demo up down status test bench lint clean
 
 install: $(BIN)/.installed
 
@@ -20,6 +20,11 @@ $(BIN)/.installed: pyproject.toml requirements.lock
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e . || $(BIN)/pip install -q --no-deps -e .
 	touch $@
 
+# The C++ trace-window reader (producers/native/), built once per torch version into the cache dir;
+# without a compiler ranks use the Python reader (tests/producers/test_native_extract.py fails).
+native: install
+	$(BIN)/rankscope build-native --optional
+
 # Debian's chromium for the browser tests (root on CI and dev machines).
 browser:
 	@test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q chromium; }
@@ -27,10 +32,10 @@ browser:
 kafka-jars: install
 	$(BIN)/python -c "from rankscope.broker import LocalBroker; from rankscope.config import Settings; LocalBroker(Settings.from_env()).ensure_jars()"
 
-demo: install kafka-jars
+demo: install native kafka-jars
 	$(BIN)/rankscope demo
 
-up: install kafka-jars
+up: install native kafka-jars
 	$(BIN)/rankscope up
 
 down:
@@ -39,10 +44,10 @@ down:
 status:
 	$(BIN)/rankscope status
 
-test: install kafka-jars browser
+test: install native kafka-jars browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-bench: install kafka-jars
+bench: install native kafka-jars
 	$(BIN)/python -m benchmarks
 
 lint: install

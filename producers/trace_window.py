@@ -57,11 +57,13 @@ class WindowController:
     def __init__(self, *, send_trace: SendFn, send_summary: SendFn, ack: Callable[..., None],
                  byte_budget: int, wall_ns: Callable[[], int],
                  profiler_factory: Callable[[TraceRequest], Any] = default_profiler,
-                 on_window: Callable[[bool], None] | None = None) -> None:
+                 on_window: Callable[[bool], None] | None = None,
+                 read_window: Callable[[Any], Any] | None = None) -> None:
         self._send_trace, self._send_summary, self._ack = send_trace, send_summary, ack
         self._byte_budget = byte_budget
         self._wall_ns = wall_ns
         self._profiler_factory = profiler_factory
+        self._read_window = read_window     # stopped profiler -> RawEvents; None: extract_raw
         self._on_window = on_window or (lambda active: None)
         self._lock = threading.Lock()
         self._pending: list[TraceRequest] = []
@@ -219,7 +221,8 @@ class WindowController:
 
         wall0, cpu0 = time.perf_counter(), time.thread_time()
 
-        raw = extract_raw(act.profiler)  # off the training thread: the profiler has stopped
+        read = self._read_window or extract_raw
+        raw = read(act.profiler)  # off the training thread: the profiler has stopped
         act.profiler = None
         cols = to_columnar(raw, act.window_id, act.first_step)
         budget = act.request.byte_budget or self._byte_budget

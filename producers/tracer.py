@@ -34,6 +34,7 @@ from producers.collectives import CommTimer, install, register_ddp_hook, uninsta
 from producers.control import ControlListener
 from producers.hw import HardwareSampler
 from producers.identity import RankIdentity, resolve_identity
+from producers.native_extract import WindowReader
 from producers.stacks import all_thread_stacks
 from producers.trace_window import WindowController
 from producers.transport import Transport
@@ -75,7 +76,8 @@ class Tracer:
             send_trace=lambda kind, body: self._send_to(Topic.TRACES.name_for(self.settings), rank_key, kind, body),
             send_summary=lambda kind, body: self._send_to(Topic.SUMMARIES.name_for(self.settings), self._key, kind, body),
             ack=self._ack, byte_budget=self.settings.trace_byte_budget, wall_ns=self.clock.wall_ns,
-            on_window=self._on_window)
+            on_window=self._on_window,
+            read_window=WindowReader(self.settings.cache_dir, self.settings.native_reader))
         self._flight: collections.deque[tuple[int, int, int, int]] = collections.deque(maxlen=self.settings.flight_steps)
         self.control: ControlListener | None = None
         if self.settings.control_enabled and transport is None:

@@ -81,6 +81,7 @@ class Settings:
     hw_sample_s: float = 1.0  # hardware sampling period; 0 = off
     trace_byte_budget: int = 8_000_000
     flight_steps: int = 256
+    native_reader: bool = True  # read trace windows with the C++ reader when built (rankscope build-native)
     control_enabled: bool = True
     log_level: str = "INFO"
 

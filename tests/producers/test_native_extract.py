@@ -1,0 +1,119 @@
+"""The C++ trace-window reader against the Python one, on real profiler windows (CPU ops, python
+frames, gloo collectives with shapes). ``make test`` builds the reader first (``make native``); a
+machine where it cannot be built fails here rather than silently measuring the Python reader."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+from producers.native_extract import WindowReader, extract_columns, load_native
+from producers.trace_events import to_columnar
+from producers.trace_extract import RawEvents, extract_raw
+from rankscope.cli import main as cli_main
+from rankscope.config import Settings
+
+
+@pytest.fixture(scope="module")
+def native() -> Any:
+    mod = load_native(Settings.from_env().cache_dir)
+    assert mod is not None, "the C++ reader is not built for this torch: run `make native` (rankscope build-native)"
+    return mod
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def ddp_window() -> Iterator[Any]:
+    """A stopped profiler over 3 DDP steps of a one-process gloo group, with stacks and shapes."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(
+            torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(16, 32)
+        prof = profile(activities=[ProfilerActivity.CPU], with_stack=True, record_shapes=True,
+                       schedule=lambda s: ProfilerAction.RECORD)
+        prof.start()
+        for _ in range(3):
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            dist.all_reduce(torch.ones(64))
+            prof.step()
+        prof.stop()
+        yield prof
+    finally:
+        dist.destroy_process_group()
+
+
+def _as_lists(raw: RawEvents) -> dict[str, Any]:
+    return {"names": raw.names, "offset": raw.offset_ns, "host_attrs": raw.host_attrs, "dev_attrs": raw.dev_attrs,
+            **{f"{g}.{c}": [int(v) for v in getattr(raw, g)[c]] for g in ("py", "host", "dev")
+               for c in getattr(raw, g)}}
+
+
+def test_native_reader_reads_exactly_what_the_python_reader_reads(native: Any, ddp_window: Any) -> None:
+    py = extract_raw(ddp_window)
+    nat = extract_raw(ddp_window, native=native)
+    assert len(py) > 500 and len(py.py["name"]) > 100
+    assert _as_lists(nat) == _as_lists(py)
+    # The window has gloo collectives with their attrs and message sizes.
+    coll = [a for a in nat.host_attrs.values() if a and a.get("op")]
+    assert coll, nat.host_attrs
+    assert any(int(b) > 0 for b in nat.host["bytes"])
+
+
+def test_native_columns_give_the_same_window(native: Any, ddp_window: Any) -> None:
+    a = to_columnar(extract_raw(ddp_window), "w", 7)
+    b = to_columnar(extract_raw(ddp_window, native=native), "w", 7)
+    assert a["names"] == b["names"] and a["paths"] == b["paths"] and a["attr_rows"] == b["attr_rows"]
+    assert a["events"]["attrs"] == b["events"]["attrs"]
+    for k in a["events"]:
+        if k != "attrs":
+            assert np.array_equal(a["events"][k], b["events"][k]), k
+    assert (a["first_step"], a["last_step"]) == (b["first_step"], b["last_step"]) and a["first_step"] == 7
+
+
+def test_native_reader_rejects_what_is_not_a_profiler_result(native: Any, ddp_window: Any) -> None:
+    with pytest.raises(TypeError, match="not a torch profiler result"):
+        extract_columns(native, object())
+    with pytest.raises(IndexError, match="out of range"):
+        native.details(ddp_window.profiler.kineto_results, [10**9])
+    with pytest.raises(TypeError, match="not profilers|needs a stopped"):
+        extract_raw(object(), native=native)     # not a profiler at all: the Python path's error
+
+
+def test_window_reader_falls_back_with_one_log_line(tmp_path: Any, ddp_window: Any, native: Any,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="rankscope.native")
+    reader = WindowReader(tmp_path)             # nothing built there
+    expected = _as_lists(extract_raw(ddp_window))
+    assert _as_lists(reader(ddp_window)) == expected
+    assert _as_lists(reader(ddp_window)) == expected
+    assert sum("not built" in r.message for r in caplog.records) == 1
+    assert WindowReader(Settings.from_env().cache_dir, enabled=False).native is None
+    assert WindowReader(Settings.from_env().cache_dir).native is not None
+
+
+def test_build_native_is_a_no_op_when_built(native: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["build-native"]) == 0
+    assert ".so" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        cli_main(["build-native", "--no-such-flag"])
+    assert e.value.code == 2
