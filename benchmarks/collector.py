@@ -89,11 +89,16 @@ def _record_window() -> Any:
     return prof
 
 
-def conversion_costs() -> dict[str, Any]:
-    """Per-event cost of each stage on the sender thread, for a real window, median of 5."""
+def conversion_costs(settings: Settings) -> dict[str, Any]:
+    """Per-event cost of each stage on the sender thread, for a real window, median of 5: torch's
+    ``events()`` list (what the Python reader starts from), the Python reader on top of it, the C++
+    reader (``native_extract``, none when not built), columns, summary, chunks."""
+    from producers.native_extract import load_native
     from producers.trace_events import chunk, extract_raw, summarize, to_columnar
 
-    stages: dict[str, list[float]] = {"events": [], "extract": [], "columnar": [], "summarize": [], "chunk": []}
+    native = load_native(settings.cache_dir)
+    stages: dict[str, list[float]] = {"events": [], "extract": [], "native_extract": [], "columnar": [],
+                                      "summarize": [], "chunk": []}
     n = 0
     for _ in range(5):
         prof = _record_window()
@@ -102,6 +107,9 @@ def conversion_costs() -> dict[str, Any]:
         t1 = time.perf_counter()
         raw = extract_raw(prof)
         t2 = time.perf_counter()
+        if native is not None:
+            raw = extract_raw(prof, native=native)
+        tn = time.perf_counter()
         col = to_columnar(raw, "w", 0)
         t3 = time.perf_counter()
         summarize(col)
@@ -109,8 +117,10 @@ def conversion_costs() -> dict[str, Any]:
         chunk(col, 1 << 31)
         t5 = time.perf_counter()
         n = len(raw)
-        for k, dt in zip(stages, (t1 - t0, t2 - t1 - (t1 - t0), t3 - t2, t4 - t3, t5 - t4), strict=True):
+        for k, dt in zip(stages, (t1 - t0, t2 - t1 - (t1 - t0), tn - t2, t3 - tn, t4 - t3, t5 - t4), strict=True):
             stages[k].append(dt)
+    if native is None:
+        del stages["native_extract"]
     out: dict[str, Any] = {"window_events": n}
     for k, v in stages.items():
         out[f"{k}_us_per_event"] = statistics.median(v) / n * 1e6
@@ -237,10 +247,10 @@ def tracer_memory(settings: Settings) -> dict[str, Any]:
 def run() -> dict[str, Any]:
     torch.set_num_threads(1)
     metrics: dict[str, Any] = {}
-    metrics.update(conversion_costs())
     metrics["always_on_bytes_per_step_at_10ms"] = always_on_bytes(0.01)
     metrics["always_on_bytes_per_step_at_100ms"] = always_on_bytes(0.1)
     with local_stack(processors=False) as settings:
+        metrics.update(conversion_costs(settings))
         metrics.update(window_overhead(settings))
         metrics.update(encode_and_produce(settings))
         metrics.update(tracer_memory(settings))

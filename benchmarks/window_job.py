@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     windows = tracer.windows
     ship: list[tuple[float, float]] = []
+    stages: list[dict[str, float]] = []
 
     def run_rankscope(k: int) -> float:
         done = windows.windows_done
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - t0
         phases["rankscope"].append([t1 - t0, t2 - t1, t0 + elapsed - t2])
         ship.append(windows.last_ship_s)
+        stages.append(windows.last_ship_cpu_stages)
         if windows.windows_done != done + 1:
             raise RuntimeError(f"window bench{k} was not shipped")
         return elapsed
@@ -128,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
                                "median_phases_s": {m: [statistics.median(p[i] for p in v) for i in range(3)]
                                                    for m, v in phases.items()},
                                "median_ship_wall_s": statistics.median(w for w, _ in ship),
-                               "median_ship_cpu_s": statistics.median(c for _, c in ship)}
+                               "median_ship_cpu_s": statistics.median(c for _, c in ship),
+                               "median_ship_cpu_stages_s": {k: statistics.median(d[k] for d in stages)
+                                                            for k in stages[0]},
+                               "native_reader": windows.native_reader,
+                               "helper_windows": windows.helper_windows}
         with open(args.result_file, "w") as f:
             json.dump(out, f)
     dist.destroy_process_group()

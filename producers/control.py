@@ -36,12 +36,18 @@ class TraceRequest:
     with_shapes: bool = False
     with_stack: bool = True
     byte_budget: int = 0        # 0 = the rank's default
-    start_at_ns: int = 0        # wall clock; ranks start at the first step boundary after it
+    start_at_ns: int = 0        # wall clock; ranks start at the first step boundary after it...
+    start_step: int = 0         # ... or, when > 0, at the boundary before this step (the same on every
+                                # DDP rank; the CLI derives it from the ranks' latest steps), unless that
+                                # has not come ``START_STEP_MAX_WAIT_NS`` after ``start_at_ns``
     ranks: list[int] | None = field(default=None)
 
     @property
     def repeating(self) -> bool:
         return self.continuous or self.every_s > 0 or self.every_steps > 0
+
+
+START_STEP_MAX_WAIT_NS = 60 * 10**9
 
 
 class ControlError(ValueError):
@@ -61,12 +67,13 @@ def parse_trace_request(request_id: str, args: dict[str, Any], ranks: list[int] 
     every_steps = num("every_steps", int, 0, 0, 10_000_000)
     budget = num("byte_budget", int, 0, 0, 1 << 31)
     lead_ns = num("lead_ns", int, 1_000_000_000, 0, 3_600_000_000_000)
+    start_step = num("start_step", int, 0, 0, 1 << 62)
     if every_steps and every_steps < steps:
         raise ControlError(f"every_steps={every_steps} must be >= steps={steps}")
     return TraceRequest(request_id=request_id, steps=steps, every_s=every_s, every_steps=every_steps,
                         continuous=bool(args.get("continuous", False)), with_shapes=bool(args.get("with_shapes", False)),
                         with_stack=bool(args.get("with_stack", True)), byte_budget=budget,
-                        start_at_ns=sent_ns + lead_ns, ranks=ranks)
+                        start_at_ns=sent_ns + lead_ns, start_step=start_step, ranks=ranks)
 
 
 class ControlListener:

@@ -4,8 +4,10 @@ Lifecycle (one window at a time per rank):
 1. The control thread validates a ``trace`` command and queues it, acknowledging ``accepted``
    (nothing running) or ``queued`` (a window is running or waiting); a second repeating schedule is
    ``rejected`` until the first is stopped. ``stop`` ends the schedule and the running window.
-2. The training thread, in ``tracer.step()``, starts the profiler at the first step boundary after
-   the request's ``start_at_ns`` (so every rank starts at the same step), marks each step with
+2. The training thread, in ``tracer.step()``, starts the profiler at the boundary before the
+   request's ``start_step`` (the same step on every rank), or without one at the first step boundary
+   after its ``start_at_ns`` (ranks in lockstep then start at the same step unless the time falls
+   between their boundaries), marks each step with
    ``prof.step()``, and stops after ``steps`` steps. Idle cost: one attribute check per step.
 3. The training thread only stops the profiler; taking its events, conversion, the on-rank
    summary, byte budgeting and sending happen on a background thread, which then acks
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from producers.control import ControlError, TraceRequest, parse_trace_request
+from producers.control import START_STEP_MAX_WAIT_NS, ControlError, TraceRequest, parse_trace_request
 
 log = logging.getLogger("rankscope.trace")
 
@@ -58,12 +60,13 @@ class WindowController:
                  byte_budget: int, wall_ns: Callable[[], int],
                  profiler_factory: Callable[[TraceRequest], Any] = default_profiler,
                  on_window: Callable[[bool], None] | None = None,
-                 read_window: Callable[[Any], Any] | None = None) -> None:
+                 read_window: Callable[[Any], Any] | None = None, helper: Any = None) -> None:
         self._send_trace, self._send_summary, self._ack = send_trace, send_summary, ack
         self._byte_budget = byte_budget
         self._wall_ns = wall_ns
         self._profiler_factory = profiler_factory
         self._read_window = read_window     # stopped profiler -> RawEvents; None: extract_raw
+        self._helper = helper               # a HelperProcess converting windows off the GIL; None: in-thread
         self._on_window = on_window or (lambda active: None)
         self._lock = threading.Lock()
         self._pending: list[TraceRequest] = []
@@ -74,10 +77,21 @@ class WindowController:
         self._active: _Active | None = None
         self._counts: dict[str, int] = {}
         self.armed = False                      # fast path for step(): anything to do at all?
-        self._work: queue.Queue[tuple[_Active, int]] = queue.Queue(maxsize=4)
+        self._work: queue.Queue[tuple[_Active | None, int]] = queue.Queue(maxsize=4)  # None: start the helper
         self._worker: threading.Thread | None = None
         self.windows_done = 0
         self.last_ship_s = (0.0, 0.0)           # (wall, sender-thread CPU) seconds of the last window sent
+        self.last_ship_cpu_stages: dict[str, float] = {}   # sender-thread CPU seconds per stage of it
+
+    @property
+    def native_reader(self) -> bool:
+        """Whether windows are read by the C++ reader (loads it if not loaded yet)."""
+        return getattr(self._read_window, "native", None) is not None
+
+    @property
+    def helper_windows(self) -> int:
+        """Windows converted by the helper process so far."""
+        return self._helper.windows_converted if self._helper is not None else 0
 
     # Control thread --------------------------------------------------------------------------
     def handle(self, command: str, request_id: str, args: dict[str, Any], ranks: list[int] | None,
@@ -112,7 +126,8 @@ class WindowController:
             self._rearm()
         mode = ("continuous" if req.continuous else f"every {req.every_s:g}s" if req.every_s
                 else f"every {req.every_steps} steps" if req.every_steps else "once")
-        self._ack(request_id, "queued" if busy else "accepted", f"{req.steps} steps, {mode}")
+        self._ack(request_id, "queued" if busy else "accepted",
+                  f"{req.steps} steps, {mode}" + (f", from step {req.start_step}" if req.start_step else ""))
 
     def _rearm(self) -> None:
         self.armed = self._active is not None or bool(self._pending) or self._schedule is not None
@@ -151,10 +166,10 @@ class WindowController:
 
     def _due(self, now: int, step: int) -> TraceRequest | None:
         with self._lock:
-            if self._pending and now >= self._pending[0].start_at_ns:
+            if self._pending and _start_due(self._pending[0], now, step):
                 return self._pending.pop(0)
             s = self._schedule
-            if s is None or now < s.start_at_ns:
+            if s is None or not _start_due(s, now, step):
                 return None
             if s.continuous or (s.every_s and now >= self._next_due_ns) or \
                     (s.every_steps and (self._next_due_step < 0 or step + 1 >= self._next_due_step)):
@@ -176,6 +191,12 @@ class WindowController:
                 self._next_due_step = first_step + req.every_steps
             self._rearm()
         self._on_window(True)
+        if self._helper is not None and not self._helper.started:
+            self._ensure_worker()       # the helper starts on the sender thread while the window records
+            try:
+                self._work.put_nowait((None, 0))
+            except queue.Full:
+                pass
 
     def _finish(self, act: _Active, last_step: int) -> None:
         act.profiler.stop()
@@ -206,6 +227,10 @@ class WindowController:
     def _work_loop(self) -> None:
         while True:
             act, end_ns = self._work.get()
+            if act is None:
+                self._helper.start()
+                self._work.task_done()
+                continue
             try:
                 self._ship(act, end_ns)
             except Exception as e:
@@ -217,29 +242,46 @@ class WindowController:
     def _ship(self, act: _Active, end_ns: int) -> None:
         import time
 
-        from producers.trace_events import chunk, extract_raw, summarize, summary_body, to_columnar
+        from producers.trace_events import extract_raw
 
-        wall0, cpu0 = time.perf_counter(), time.thread_time()
-
+        wall0 = time.perf_counter()
+        cpu = [time.thread_time()]
         read = self._read_window or extract_raw
         raw = read(act.profiler)  # off the training thread: the profiler has stopped
         act.profiler = None
-        cols = to_columnar(raw, act.window_id, act.first_step)
+        cpu.append(time.thread_time())
         budget = act.request.byte_budget or self._byte_budget
-        bodies, truncated, sent = chunk(cols, budget)
-        for body in bodies:
+        status = "stopped" if act.stop_requested else "complete"
+        out = self._convert(raw, act.window_id, act.first_step, budget, status)
+        cpu.append(time.thread_time())
+        for body in out.traces:
             self._send_trace("trace", body)
-        body = summary_body(cols, summarize(cols), events_sent=sent, truncated=truncated,
-                            status="stopped" if act.stop_requested else "complete")
-        body.update(request_id=act.request.request_id, request_ranks=act.request.ranks,
-                    arrivals=collective_arrivals(cols))
+        body = out.summary
+        body.update(request_id=act.request.request_id, request_ranks=act.request.ranks)
         self._send_summary("summary", body)
-        self.last_ship_s = (time.perf_counter() - wall0, time.thread_time() - cpu0)
+        cpu.append(time.thread_time())
+        self.last_ship_s = (time.perf_counter() - wall0, cpu[-1] - cpu[0])
+        self.last_ship_cpu_stages = dict(zip(("read", "convert", "send"),
+                                             (b - a for a, b in zip(cpu, cpu[1:], strict=False)), strict=True))
         self.windows_done += 1
-        total = body["events_total"]
+        sent, total, truncated = out.sent, body["events_total"], out.truncated
+        how = (f"{'C++' if self.native_reader else 'Python'} reader, "
+               f"converted {'in the helper process' if out.by_helper else 'on the sender thread'}")
         detail = (f"window {act.window_id}: steps {body['first_step']}-{body['last_step']}, {sent}/{total} events sent"
-                  + (f", TRUNCATED to the {budget}-byte budget" if truncated else ""))
+                  + (f", TRUNCATED to the {budget}-byte budget" if truncated else "") + f" ({how})")
         self._ack(act.request.request_id, "done", detail, window_id=act.window_id, truncated=bool(truncated))
+
+    def _convert(self, raw: Any, window_id: str, first_step: int, budget: int, status: str) -> ConvertedWindow:
+        if self._helper is not None:
+            out = self._helper.convert(raw, window_id, first_step, budget, status)
+            if out is not None:
+                return out
+        return convert_window(raw, window_id, first_step, budget, status)
+
+    def close(self) -> None:
+        """Stop the helper process (after :meth:`drain`)."""
+        if self._helper is not None:
+            self._helper.close()
 
     def drain(self, timeout_s: float) -> None:
         """Wait (bounded) for windows being sent; used at exit."""
@@ -250,6 +292,34 @@ class WindowController:
         deadline = time.monotonic() + timeout_s
         while self._work.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.002)
+
+
+def _start_due(req: TraceRequest, now_ns: int, completed_step: int) -> bool:
+    """May ``req``'s first window start at the boundary after ``completed_step``?"""
+    if req.start_step > 0:
+        return completed_step + 1 >= req.start_step or now_ns >= req.start_at_ns + START_STEP_MAX_WAIT_NS
+    return now_ns >= req.start_at_ns
+
+
+@dataclass
+class ConvertedWindow:
+    traces: list[dict[str, Any]]      # trace chunk bodies, in order
+    summary: dict[str, Any]           # the summary body (request fields are added by the sender)
+    sent: int                         # events in the chunks
+    truncated: int                    # events left out by the byte budget
+    by_helper: bool = False           # converted by the helper process
+
+
+def convert_window(raw: Any, window_id: str, first_step: int, budget: int, status: str) -> ConvertedWindow:
+    """RawEvents of one window -> its trace chunks within ``budget`` bytes and its summary body (with
+    the collective arrivals). Pure: runs on the sender thread or in the helper process."""
+    from producers.trace_events import chunk, summarize, summary_body, to_columnar
+
+    cols = to_columnar(raw, window_id, first_step)
+    bodies, truncated, sent = chunk(cols, budget)
+    body = summary_body(cols, summarize(cols), events_sent=sent, truncated=truncated, status=status)
+    body["arrivals"] = collective_arrivals(cols)
+    return ConvertedWindow(bodies, body, sent, truncated)
 
 
 def collective_arrivals(cols: dict[str, Any], limit: int = 5000) -> dict[str, list[Any]]:

@@ -71,12 +71,31 @@ def parse_duration(spec: str) -> float:
 
 def known_ranks(settings: Settings, job: str, timeout_s: float = 5.0) -> dict[str, list[int]]:
     """Jobs and their ranks, from the latest stats published by the processors (tail of the stats topic)."""
+    return {j: sorted(r["rank"] for r in rows) for j, rows in latest_stats(settings, timeout_s).items()}
+
+
+def start_step(rows: list[dict[str, Any]], now_ns: int, lead_ns: int, margin_steps: int = 2) -> int:
+    """The step every rank should start a window at: the furthest rank's step extrapolated to
+    ``lead_ns`` from now at its median step time, plus ``margin_steps``; 0 (start by time) when the
+    stats hold no step or no step time."""
+    best = 0
+    for r in rows:
+        step, ts, median = r.get("step"), r.get("ts_ns"), r.get("median_step_ns")
+        if not (isinstance(step, int) and step >= 0 and isinstance(ts, int) and isinstance(median, int) and median > 0):
+            return 0
+        ahead = max(0, now_ns + lead_ns - ts) // median
+        best = max(best, step + 1 + ahead + margin_steps)
+    return best
+
+
+def latest_stats(settings: Settings, timeout_s: float = 5.0) -> dict[str, list[dict[str, Any]]]:
+    """Per job, the rank rows of the latest stats message (tail of the stats topic)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     topic = Topic.STATS.name_for(settings)
     c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rankscope-cli-{uuid.uuid4().hex[:8]}",
                   "enable.auto.commit": False})
-    jobs: dict[str, list[int]] = {}
+    jobs: dict[str, list[dict[str, Any]]] = {}
     try:
         md = c.list_topics(topic, timeout=timeout_s)
         parts = list(md.topics[topic].partitions) if topic in md.topics else []
@@ -105,7 +124,7 @@ def known_ranks(settings: Settings, job: str, timeout_s: float = 5.0) -> dict[st
                 env = decode(msg.value())
             except WireError:
                 continue
-            jobs[env.job] = sorted(r["rank"] for r in env.body["ranks"])
+            jobs[env.job] = [r for r in env.body["ranks"] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
     finally:
         c.close()
     return jobs
@@ -127,12 +146,19 @@ def iter_acks(consumer: Any, request_id: str, deadline: float, job: str | None =
             yield env
 
 
-def build_request(args: argparse.Namespace, ranks: list[int] | None, request_id: str, job: str) -> bytes:
+START_LEAD_NS = 3_000_000_000   # a window starts this far ahead, so that every rank gets the request first
+
+
+def build_request(args: argparse.Namespace, ranks: list[int] | None, request_id: str, job: str,
+                  first_step: int = 0) -> bytes:
+    """The control message; ``first_step`` > 0 makes every rank start at that step (see :func:`start_step`)."""
     if args.stop:
         command, cargs = "stop", {}
     else:
         cargs: dict[str, Any] = {"steps": args.steps, "with_shapes": args.shapes, "with_stack": not args.no_stack,
                                  "byte_budget": args.byte_budget}
+        if first_step > 0:
+            cargs.update(start_step=first_step, lead_ns=START_LEAD_NS)
         if args.every:
             cargs["every_s"] = parse_duration(args.every)
         if args.every_steps:
@@ -179,7 +205,8 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
     except ValueError as e:
         print(f"rankscope trace: {e}", file=sys.stderr)
         return 2, ""
-    jobs = known_ranks(settings, args.job)
+    stats = latest_stats(settings)
+    jobs = {j: sorted(r["rank"] for r in rows) for j, rows in stats.items()}
     if args.job not in jobs:
         known = ", ".join(sorted(jobs)) or "none"
         print(f"rankscope trace: unknown job {args.job!r} (jobs with recent stats: {known})", file=sys.stderr)
@@ -199,7 +226,8 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
     consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in md.topics[topic].partitions])
     consumer.poll(0.5)  # take the assignment before producing, so no ack is missed
     producer = Producer({"bootstrap.servers": settings.bootstrap})
-    producer.produce(topic, key=args.job.encode(), value=build_request(args, ranks, request_id, args.job))
+    producer.produce(topic, key=args.job.encode(), value=build_request(args, ranks, request_id, args.job,
+                                                                    start_step(stats[args.job], time.time_ns(), START_LEAD_NS)))
     producer.flush(10)
     print(f"request {request_id} sent to job {args.job} ranks {targets}", flush=True)
     status: dict[int, str] = {}

@@ -80,6 +80,8 @@ def test_window_covers_exactly_the_requested_steps(traced_job: tuple[Settings, S
     out = rankscope(settings, "trace", "--job", job, "--steps", "3", "--wait-done", "--timeout", "120")
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count(": done window") == 2, out.stdout
+    # Both ranks read the window in C++ and converted it in their helper process (make test builds the reader).
+    assert out.stdout.count("(C++ reader, converted in the helper process)") == 2, out.stdout
     request_id = out.stdout.split()[1]
 
     def windows() -> list[tuple]:

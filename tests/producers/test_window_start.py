@@ -1,0 +1,102 @@
+"""Where a window starts: at the request's start step on every rank, else by wall-clock time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from producers.control import START_STEP_MAX_WAIT_NS, ControlError, parse_trace_request
+from producers.trace_window import WindowController
+from rankscope.commands.trace import start_step
+
+
+class _FakeProfiler:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def start(self) -> None:
+        self.calls.append("start")
+
+    def step(self) -> None:
+        self.calls.append("step")
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+
+def _controller(now: list[int]) -> tuple[WindowController, list[int], list[tuple[Any, ...]]]:
+    begun: list[int] = []
+    acks: list[tuple[Any, ...]] = []
+    wc = WindowController(send_trace=lambda k, b: None, send_summary=lambda k, b: None,
+                          ack=lambda *a, **kw: acks.append(a), byte_budget=1 << 20, wall_ns=lambda: now[0],
+                          profiler_factory=lambda req: _FakeProfiler())
+    orig = wc._begin
+
+    def begin(req: Any, first_step: int, t: int) -> None:
+        begun.append(first_step)
+        orig(req, first_step, t)
+
+    wc._begin = begin  # type: ignore[method-assign]
+    wc._finish = lambda act, step: None  # type: ignore[method-assign]  (no sending in these tests)
+    return wc, begun, acks
+
+
+def test_a_start_step_wins_over_the_clock() -> None:
+    now = [1_000]
+    wc, begun, acks = _controller(now)
+    wc.handle("trace", "r", {"steps": 2, "start_step": 50, "lead_ns": 0}, None, now[0])
+    assert "from step 50" in acks[-1][2]
+    for step in range(40, 49):          # the time has come, the step has not
+        now[0] += 10**6
+        wc.on_step(step)
+    assert begun == []
+    wc.on_step(49)                      # the boundary before step 50
+    assert begun == [50]
+
+
+def test_a_start_step_already_passed_starts_at_the_next_boundary() -> None:
+    now = [1_000]
+    wc, begun, _ = _controller(now)
+    wc.handle("trace", "r", {"steps": 2, "start_step": 5, "lead_ns": 0}, None, now[0])
+    wc.on_step(70)
+    assert begun == [71]
+
+
+def test_a_start_step_that_never_comes_gives_way_to_the_clock() -> None:
+    now = [1_000]
+    wc, begun, _ = _controller(now)
+    wc.handle("trace", "r", {"steps": 2, "start_step": 10**9, "lead_ns": 0}, None, now[0])
+    wc.on_step(3)
+    assert begun == []
+    now[0] += START_STEP_MAX_WAIT_NS
+    wc.on_step(4)
+    assert begun == [5]
+
+
+def test_without_a_start_step_the_clock_decides() -> None:
+    now = [1_000]
+    wc, begun, _ = _controller(now)
+    wc.handle("trace", "r", {"steps": 2, "lead_ns": 500}, None, now[0])
+    wc.on_step(3)
+    assert begun == []
+    now[0] += 500
+    wc.on_step(4)
+    assert begun == [5]
+
+
+@pytest.mark.parametrize("bad", [-1, "7", 1.5e30, True])
+def test_bad_start_steps_are_rejected(bad: Any) -> None:
+    with pytest.raises(ControlError, match="start_step"):
+        parse_trace_request("r", {"steps": 2, "start_step": bad}, None, 0)
+
+
+def test_the_cli_extrapolates_the_furthest_rank() -> None:
+    ms = 10**6
+    rows = [{"rank": 0, "step": 100, "ts_ns": 1_000 * ms, "median_step_ns": 10 * ms},
+            {"rank": 1, "step": 98, "ts_ns": 1_000 * ms, "median_step_ns": 10 * ms}]
+    # 500 ms since the stats plus a 1 s lead at 10 ms per step: 150 steps past step 100, plus 1, plus the margin.
+    assert start_step(rows, 1_500 * ms, 1_000 * ms, margin_steps=2) == 100 + 1 + 150 + 2
+    assert start_step([{"rank": 0, "step": 5, "ts_ns": 0, "median_step_ns": 0}], 0, 0) == 0    # no step time yet
+    assert start_step([{"rank": 0}], 0, 0) == 0
+    assert start_step([], 0, 0) == 0
