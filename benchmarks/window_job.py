@@ -11,7 +11,9 @@ and times, alternating (ABC, BCA, CAB, ...):
   summarised, chunked and produced to the real broker on the tracer's sender thread, plus any wait
   until it is shipped.
 
-DDP keeps the ranks in lockstep, so every rank profiles the same steps.
+DDP keeps the ranks in lockstep, so every rank profiles the same steps. ``--wait-ms`` adds a wait
+with the GIL released to every step (a GPU job's CPU thread spends much of a step waiting on its
+stream), so the machine's cores are not all busy training.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=5, help="steps in each window")
     p.add_argument("--trail", type=int, default=20, help="training steps timed after each window")
     p.add_argument("--size", type=int, default=192)
+    p.add_argument("--wait-ms", type=float, default=0.0,
+                   help="each step also waits this long with the GIL released, as a GPU job waits on its stream")
     p.add_argument("--result-file", required=True)
     return p.parse_args(argv)
 
@@ -55,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(args.size, args.size)
     tracer = Tracer()
+    wait_s = args.wait_ms / 1e3
     tracer.watch_ddp(model)
 
     def train_step() -> None:
@@ -62,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if wait_s:
+            time.sleep(wait_s)
         tracer.step()
 
     phases: dict[str, list[list[float]]] = {"bare": [], "rankscope": []}   # [window, trail, wait] per run

@@ -40,7 +40,7 @@ from producers.trace_extract import (
 log = logging.getLogger("rankscope.native")
 
 SOURCE = Path(__file__).with_name("native") / "kineto_columns.cpp"
-ABI = 1                      # bumped with the C++ module's ABI attribute when its outputs change
+ABI = 2                      # bumped with the C++ module's ABI attribute when its outputs change
 
 _DROP, _PY, _HOST, _DEV = 0, 1, 2, 3
 _NONE, _COLL_HOST, _COLL_OTHER, _DEVICE = 0, 1, 2, 3     # which details a row needs
@@ -270,6 +270,13 @@ class WindowReader:
         return self._native
 
     def __call__(self, prof: Any) -> RawEvents:
-        from producers.trace_extract import extract_raw
+        """Read a window's profiler; with the C++ reader its events are then freed off the GIL (the
+        profiler is spent: only for profilers the tracer created)."""
+        from producers.trace_extract import _kineto_result, extract_raw
 
-        return extract_raw(prof, native=self.native)
+        native = self.native
+        raw = extract_raw(prof, native=native)
+        result = _kineto_result(prof) if native is not None else None
+        if result is not None:
+            native.release_events(result)
+        return raw

@@ -117,3 +117,14 @@ def test_build_native_is_a_no_op_when_built(native: Any, capsys: pytest.CaptureF
     with pytest.raises(SystemExit) as e:
         cli_main(["build-native", "--no-such-flag"])
     assert e.value.code == 2
+
+
+def test_the_tracer_reader_frees_the_window_after_reading_it(native: Any) -> None:
+    prof = profile(activities=[ProfilerActivity.CPU], with_stack=True)
+    prof.start()
+    torch.randn(32, 32).mm(torch.randn(32, 32)).sum()
+    prof.stop()
+    expected = _as_lists(extract_raw(prof))
+    reader = WindowReader(Settings.from_env().cache_dir)
+    assert _as_lists(reader(prof)) == expected
+    assert len(prof.profiler.kineto_results.events()) == 0      # freed (off the GIL) once read
