@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - t0
         phases["rankscope"].append([t1 - t0, t2 - t1, t0 + elapsed - t2])
         ship.append(windows.last_ship_s)
-        stages.append(windows.last_ship_cpu_stages)
+        stages.append({**windows.last_ship_cpu_stages, **windows.helper_cpu_s})
         if windows.windows_done != done + 1:
             raise RuntimeError(f"window bench{k} was not shipped")
         return elapsed

@@ -93,6 +93,11 @@ class WindowController:
         """Windows converted by the helper process so far."""
         return self._helper.windows_converted if self._helper is not None else 0
 
+    @property
+    def helper_cpu_s(self) -> dict[str, float]:
+        """The rank's CPU seconds per part of the last exchange with the helper ({} without one)."""
+        return dict(self._helper.last_cpu_s) if self._helper is not None else {}
+
     # Control thread --------------------------------------------------------------------------
     def handle(self, command: str, request_id: str, args: dict[str, Any], ranks: list[int] | None,
                sent_ns: int) -> None:

@@ -183,6 +183,7 @@ class HelperProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._next_id = 0
+        self.last_cpu_s: dict[str, float] = {}   # the rank's CPU seconds per part of the last exchange
 
     def start(self) -> bool:
         with self._lock:
@@ -224,10 +225,15 @@ class HelperProcess:
         self._next_id += 1
         rid = self._next_id
         try:
+            c0 = time.thread_time()
             payload = msgpack.packb({"v": PROTOCOL, "id": rid, "window_id": window_id, "first_step": first_step,
                                      "budget": budget, "status": status, "raw": pack_raw(raw)}, use_bin_type=True)
+            c1 = time.thread_time()
             write_frame(proc.stdin, payload)
+            c2 = time.thread_time()
             answer = self._read_answer(proc.stdout, time.monotonic() + self.timeout_s)
+            c3 = time.thread_time()
+            self.last_cpu_s = {"pack": c1 - c0, "write": c2 - c1, "read_unpack": c3 - c2}
         except (OSError, ValueError, TimeoutError) as e:
             self._fail(f"failed ({type(e).__name__}: {e})")
             return None
