@@ -48,8 +48,6 @@ class TraceRequest:
 
 
 START_STEP_MAX_WAIT_NS = 60 * 10**9
-
-
 class ControlError(ValueError):
     pass
 

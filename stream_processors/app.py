@@ -25,6 +25,7 @@ from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.topics import Topic
+from rankscope.trace_start import START_LEAD_NS, plan_start_step
 from rankscope.wire import Envelope, WireError, decode, encode
 from stream_processors.monitor import JobMonitor
 from stream_processors.report_alerts import ReportAlerts
@@ -144,9 +145,13 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
             return
         auto_traced[job] = now
         seq[0] += 1
+        args: dict[str, Any] = {"steps": settings.auto_trace_steps, "reason": "auto: slow rank"}
+        first = plan_start_step(monitor_for(job).progress_rows(), clock.wall_ns(), START_LEAD_NS)
+        if first:
+            args.update(start_step=first, lead_ns=START_LEAD_NS)   # every rank starts at the same step
         env = Envelope(kind="control", job=job, rank=-1, host=host, pid=pid, seq=seq[0], sent_ns=clock.wall_ns(),
                        body={"command": "trace", "request_id": f"auto{seq[0]}-{int(now)}", "ranks": None,
-                             "args": {"steps": settings.auto_trace_steps, "reason": "auto: slow rank"}})
+                             "args": args})
         log.warning("auto-trace: opening a %d-step window on job %s", settings.auto_trace_steps, job)
         await control_topic.send(key=job.encode(), value=encode(env))
 

@@ -163,6 +163,13 @@ class JobMonitor:
         self.pending = []
         return out
 
+    def progress_rows(self) -> list[dict[str, Any]]:
+        """Each rank's latest step, when it ended (wall ns) and its median step time, for
+        :func:`rankscope.trace_start.plan_start_step`."""
+        return [{"rank": r, "step": st.last_step, "ts_ns": st.last_step_end_ns,
+                 "median_step_ns": int(statistics.median(st.durations)) if st.durations else 0}
+                for r, st in sorted(self.ranks.items())]
+
     def rank_states(self, now_s: float, settings: Settings) -> dict[int, str]:
         dead = set(self.dead_ranks(now_s, settings))
         hang = self.incidents.get("hang")

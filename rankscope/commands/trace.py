@@ -18,6 +18,7 @@ from typing import Any
 
 from rankscope.config import Settings
 from rankscope.topics import Topic
+from rankscope.trace_start import START_LEAD_NS, plan_start_step
 from rankscope.wire import Envelope, WireError, decode, encode
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -72,20 +73,6 @@ def parse_duration(spec: str) -> float:
 def known_ranks(settings: Settings, job: str, timeout_s: float = 5.0) -> dict[str, list[int]]:
     """Jobs and their ranks, from the latest stats published by the processors (tail of the stats topic)."""
     return {j: sorted(r["rank"] for r in rows) for j, rows in latest_stats(settings, timeout_s).items()}
-
-
-def start_step(rows: list[dict[str, Any]], now_ns: int, lead_ns: int, margin_steps: int = 2) -> int:
-    """The step every rank should start a window at: the furthest rank's step extrapolated to
-    ``lead_ns`` from now at its median step time, plus ``margin_steps``; 0 (start by time) when the
-    stats hold no step or no step time."""
-    best = 0
-    for r in rows:
-        step, ts, median = r.get("step"), r.get("ts_ns"), r.get("median_step_ns")
-        if not (isinstance(step, int) and step >= 0 and isinstance(ts, int) and isinstance(median, int) and median > 0):
-            return 0
-        ahead = max(0, now_ns + lead_ns - ts) // median
-        best = max(best, step + 1 + ahead + margin_steps)
-    return best
 
 
 def latest_stats(settings: Settings, timeout_s: float = 5.0) -> dict[str, list[dict[str, Any]]]:
@@ -146,12 +133,10 @@ def iter_acks(consumer: Any, request_id: str, deadline: float, job: str | None =
             yield env
 
 
-START_LEAD_NS = 3_000_000_000   # a window starts this far ahead, so that every rank gets the request first
-
-
 def build_request(args: argparse.Namespace, ranks: list[int] | None, request_id: str, job: str,
                   first_step: int = 0) -> bytes:
-    """The control message; ``first_step`` > 0 makes every rank start at that step (see :func:`start_step`)."""
+    """The control message; ``first_step`` > 0 makes every rank start at that step
+    (:func:`rankscope.trace_start.plan_start_step`)."""
     if args.stop:
         command, cargs = "stop", {}
     else:
@@ -227,7 +212,7 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
     consumer.poll(0.5)  # take the assignment before producing, so no ack is missed
     producer = Producer({"bootstrap.servers": settings.bootstrap})
     producer.produce(topic, key=args.job.encode(), value=build_request(args, ranks, request_id, args.job,
-                                                                    start_step(stats[args.job], time.time_ns(), START_LEAD_NS)))
+                                                                    plan_start_step(stats[args.job], time.time_ns(), START_LEAD_NS)))
     producer.flush(10)
     print(f"request {request_id} sent to job {args.job} ranks {targets}", flush=True)
     status: dict[int, str] = {}

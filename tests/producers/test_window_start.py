@@ -8,7 +8,7 @@ import pytest
 
 from producers.control import START_STEP_MAX_WAIT_NS, ControlError, parse_trace_request
 from producers.trace_window import WindowController
-from rankscope.commands.trace import start_step
+from rankscope.trace_start import plan_start_step
 
 
 class _FakeProfiler:
@@ -96,7 +96,7 @@ def test_the_cli_extrapolates_the_furthest_rank() -> None:
     rows = [{"rank": 0, "step": 100, "ts_ns": 1_000 * ms, "median_step_ns": 10 * ms},
             {"rank": 1, "step": 98, "ts_ns": 1_000 * ms, "median_step_ns": 10 * ms}]
     # 500 ms since the stats plus a 1 s lead at 10 ms per step: 150 steps past step 100, plus 1, plus the margin.
-    assert start_step(rows, 1_500 * ms, 1_000 * ms, margin_steps=2) == 100 + 1 + 150 + 2
-    assert start_step([{"rank": 0, "step": 5, "ts_ns": 0, "median_step_ns": 0}], 0, 0) == 0    # no step time yet
-    assert start_step([{"rank": 0}], 0, 0) == 0
-    assert start_step([], 0, 0) == 0
+    assert plan_start_step(rows, 1_500 * ms, 1_000 * ms, margin_steps=2) == 100 + 1 + 150 + 2
+    assert plan_start_step([{"rank": 0, "step": 5, "ts_ns": 0, "median_step_ns": 0}], 0, 0) == 0    # no step time yet
+    assert plan_start_step([{"rank": 0}], 0, 0) == 0
+    assert plan_start_step([], 0, 0) == 0

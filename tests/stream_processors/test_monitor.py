@@ -165,3 +165,17 @@ def test_partial_stall_of_waiters_is_named_after_the_grace_period():
             break
         t += 1.0
     assert [a.ranks for a in alerts] == [[0, 2]] and t >= 111.0 + grace
+
+
+def test_progress_rows_plan_one_start_step_for_every_rank():
+    from rankscope.trace_start import plan_start_step
+
+    mon = JobMonitor(job="j")
+    feed_healthy(mon, 100.0, first=0, n=30)
+    rows = mon.progress_rows()
+    assert [(r["rank"], r["step"], r["median_step_ns"]) for r in rows] == [(k, 29, STEP_NS) for k in range(4)]
+    last_end = rows[0]["ts_ns"]
+    assert last_end == 30 * STEP_NS
+    # One second after the last step ended, one second ahead, 10 ms steps: 200 steps on, plus 1 and 2.
+    assert plan_start_step(rows, last_end + 10**9, 10**9) == 29 + 1 + 200 + 2
+    assert plan_start_step(JobMonitor(job="k").progress_rows(), 0, 10**9) == 0
