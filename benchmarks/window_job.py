@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(args.repeats):
         for m in modes[k % 3:] + modes[:k % 3]:
             runs[m].append(run_none() if m == "none" else run_bare() if m == "bare" else run_rankscope(k))
+    helper_rss = windows.helper_rss_bytes     # after every window, before the helper stops
     tracer.close()
     if rank == 0:
         med = {m: statistics.median(v) for m, v in runs.items()}
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                                "median_ship_cpu_stages_s": {k: statistics.median(d[k] for d in stages)
                                                             for k in stages[0]},
                                "native_reader": windows.native_reader,
-                               "helper_windows": windows.helper_windows}
+                               "helper_windows": windows.helper_windows,
+                               "helper_rss_mb": helper_rss / 2**20}
         with open(args.result_file, "w") as f:
             json.dump(out, f)
     dist.destroy_process_group()

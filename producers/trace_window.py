@@ -94,6 +94,11 @@ class WindowController:
         return self._helper.windows_converted if self._helper is not None else 0
 
     @property
+    def helper_rss_bytes(self) -> int:
+        """Resident memory of the helper process (0 without one)."""
+        return self._helper.rss_bytes() if self._helper is not None else 0
+
+    @property
     def helper_cpu_s(self) -> dict[str, float]:
         """The rank's CPU seconds per part of the last exchange with the helper ({} without one)."""
         return dict(self._helper.last_cpu_s) if self._helper is not None else {}

@@ -272,6 +272,18 @@ class HelperProcess:
             raise ValueError("helper wrote more than one answer")
         return msgpack.unpackb(bytes(buf[4:]), raw=False, strict_map_key=False)
 
+    def rss_bytes(self) -> int:
+        """Resident memory of the helper process (0 when not running)."""
+        proc = self._proc
+        if proc is None:
+            return 0
+        try:
+            import psutil
+
+            return int(psutil.Process(proc.pid).memory_info().rss)
+        except Exception:
+            return 0
+
     def close(self) -> None:
         with self._lock:
             proc, self._proc = self._proc, None

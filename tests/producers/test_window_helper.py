@@ -69,6 +69,7 @@ def test_helper_converts_exactly_like_the_sender_thread(raw: RawEvents) -> None:
             assert (got.sent, got.truncated) == (want.sent, want.truncated)
             assert got.traces == _norm(want.traces) and got.summary == _norm(want.summary)
         assert want.truncated > 0 and helper.windows_converted == 2
+        assert helper.rss_bytes() > 0
     finally:
         helper.close()
 
