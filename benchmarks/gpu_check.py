@@ -205,7 +205,12 @@ def main(argv: list[str] | None = None) -> int:
             run_s = time.monotonic() - run_t0
             tracer.close()
             result["sampler"] = sampler.stats() if sampler is not None else None
-            result["windows_done"] = getattr(getattr(tracer, "windows", None), "windows_done", None)
+            windows = getattr(tracer, "windows", None)
+            result["windows_done"] = getattr(windows, "windows_done", None)
+            result["window_reader"] = "C++" if getattr(windows, "native_reader", False) else "Python"
+            result["windows_in_helper"] = getattr(windows, "helper_windows", None)
+            result["window_sender_cpu_ms"] = {k: round(v * 1e3, 2) for k, v in
+                                              getattr(windows, "last_ship_cpu_stages", {}).items()}
             result["sent"] = {t: {"messages": sent[t], "bytes": sent_bytes[t],
                                   "bytes_per_message": round(sent_bytes[t] / sent[t], 1)} for t in sorted(sent)}
             if sent["hw"]:
@@ -250,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sent {t:<10} {v['messages']:>6} messages {v['bytes']:>10} bytes ({v['bytes_per_message']} B/message)")
     if "hw_bytes_per_s" in result:
         print(f"hw bytes per second (this rank): {result['hw_bytes_per_s']}")
-    print(f"trace windows done: {result.get('windows_done')}")
+    print(f"trace windows done: {result.get('windows_done')} (reader: {result.get('window_reader')}, "
+          f"converted in the helper: {result.get('windows_in_helper')}, "
+          f"sender CPU ms: {result.get('window_sender_cpu_ms')})")
     import tempfile
 
     out = Path(args.out or (Path(tempfile.gettempdir()) / "gpu_check_cpu.json" if args.cpu
