@@ -29,7 +29,7 @@ from rankscope.config import Settings
 
 WINDOW_STEPS = 5
 TRAIL_STEPS = 20   # training goes on after a window while rankscope ships it in the background
-DDP_REPEATS = 9
+DDP_REPEATS = 15
 WAIT_MS = 20.0     # the "_wait" set-up: a GIL-released wait per step, as on a GPU
 
 
@@ -65,7 +65,7 @@ def window_overhead(settings: Settings) -> dict[str, Any]:
     released (``_wait``: like a GPU job whose CPU thread waits on its stream, cores not saturated)."""
     metrics: dict[str, Any] = {"trail_steps": TRAIL_STEPS, "ddp_ranks": 2}
     for size, suffix, repeats, wait_ms in ((192, "", DDP_REPEATS, 0.0), (512, "_512", 5, 0.0),
-                                           (192, "_wait", 5, WAIT_MS)):
+                                           (192, "_wait", 7, WAIT_MS)):
         res = _window_job(settings, size, repeats, wait_ms)
         med = res["median_s"]
         metrics.update({

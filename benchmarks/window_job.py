@@ -11,6 +11,9 @@ and times, alternating (ABC, BCA, CAB, ...):
   summarised, chunked and produced to the real broker on the tracer's sender thread, plus any wait
   until it is shipped.
 
+Before every run a (untimed) ``gc.collect()`` clears the garbage of the run before; each mode frees
+its own profiler results inside its timing (bare: dropped at once; rankscope: on its sender thread).
+
 DDP keeps the ranks in lockstep, so every rank profiles the same steps. ``--wait-ms`` adds a wait
 with the GIL released to every step (a GPU job's CPU thread spends much of a step waiting on its
 stream), so the machine's cores are not all busy training.
@@ -19,6 +22,7 @@ stream), so the machine's cores are not all busy training.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                 prof.step()
         prof.stop()
         prof.profiler.kineto_results.events()  # what any consumer of the window must at least do
-        del prof                               # done with the window (rankscope drops it too)
+        prof.profiler.kineto_results = None    # done with the window: its results are freed here, timed
+        del prof                               # (rankscope frees them on its sender thread)
         t1 = time.perf_counter()
         for _ in range(args.trail):
             train_step()
@@ -127,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = ["none", "bare", "rankscope"]
     for k in range(args.repeats):
         for m in modes[k % 3:] + modes[:k % 3]:
+            gc.collect()            # untimed: no run pays for the garbage of the one before
             runs[m].append(run_none() if m == "none" else run_bare() if m == "bare" else run_rankscope(k))
     helper_rss = windows.helper_rss_bytes     # after every window, before the helper stops
     tracer.close()

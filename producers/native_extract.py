@@ -279,4 +279,9 @@ class WindowReader:
         result = _kineto_result(prof) if native is not None else None
         if result is not None:
             native.release_events(result)
+        holder = getattr(prof, "profiler", None)
+        if getattr(holder, "kineto_results", None) is not None:
+            # Free what is left of the results now, on this thread, rather than whenever the garbage
+            # collector reaches the profiler's reference cycles (possibly on the training thread).
+            holder.kineto_results = None
         return raw
