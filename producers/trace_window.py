@@ -238,7 +238,10 @@ class WindowController:
         while True:
             act, end_ns = self._work.get()
             if act is None:
-                self._helper.start()
+                try:
+                    self._helper.start()
+                except Exception as e:      # never lose the sender thread; windows convert in-thread
+                    log.warning("rankscope: trace window helper did not start: %s", e)
                 self._work.task_done()
                 continue
             try:

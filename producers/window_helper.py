@@ -197,7 +197,7 @@ class HelperProcess:
                 self._proc = subprocess.Popen([self.python, "-m", "producers.window_helper", str(self.nice)],
                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=root,
                                               close_fds=True)
-            except OSError as e:
+            except Exception as e:          # OSError, or a bad executable / environment
                 self._fail(f"cannot start: {e}")
                 return False
             return True
@@ -224,17 +224,21 @@ class HelperProcess:
         assert proc.stdin is not None and proc.stdout is not None
         self._next_id += 1
         rid = self._next_id
+        c0 = time.thread_time()
         try:
-            c0 = time.thread_time()
             payload = msgpack.packb({"v": PROTOCOL, "id": rid, "window_id": window_id, "first_step": first_step,
                                      "budget": budget, "status": status, "raw": pack_raw(raw)}, use_bin_type=True)
+        except Exception as e:      # this window does not pack (odd attrs?): convert it in-thread
+            log.debug("rankscope: window %s not sent to the helper: %s", window_id, e)
+            return None
+        try:
             c1 = time.thread_time()
             write_frame(proc.stdin, payload)
             c2 = time.thread_time()
             answer = self._read_answer(proc.stdout, time.monotonic() + self.timeout_s)
             c3 = time.thread_time()
             self.last_cpu_s = {"pack": c1 - c0, "write": c2 - c1, "read_unpack": c3 - c2}
-        except (OSError, ValueError, TimeoutError) as e:
+        except Exception as e:      # broken pipe, exited, timed out, garbage on the pipe
             self._fail(f"failed ({type(e).__name__}: {e})")
             return None
         if not isinstance(answer, dict) or answer.get("v") != PROTOCOL or answer.get("id") != rid:

@@ -167,3 +167,15 @@ def test_a_helper_that_fails_costs_no_window(caplog: pytest.LogCaptureFixture) -
     bad = RawEvents()
     assert helper.convert(bad, "w", 0, 1 << 20, "complete") is None
     assert "failed" in (helper.failed or "")
+
+
+def test_a_window_that_does_not_pack_is_converted_in_thread(raw: RawEvents) -> None:
+    odd = unpack_raw(_norm(pack_raw(raw)))
+    odd.host_attrs[0] = {"x": object()}         # not msgpack-able
+    helper = HelperProcess(nice=0)
+    try:
+        assert helper.convert(odd, "w", 0, 1 << 20, "complete") is None
+        assert helper.failed is None            # the helper itself is fine
+        assert helper.convert(raw, "w", 0, 1 << 20, "complete") is not None
+    finally:
+        helper.close()
