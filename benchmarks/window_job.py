@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_rankscope(k: int) -> float:
         done = windows.windows_done
+        helper_cpu0 = windows.helper_cpu_total_s
         t0 = time.perf_counter()
         windows.handle("trace", f"bench{k}", {"steps": args.window, "lead_ns": 0}, None, time.time_ns())
         tracer.step()               # the step boundary at which the window opens
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - t0
         phases["rankscope"].append([t1 - t0, t2 - t1, t0 + elapsed - t2])
         ship.append(windows.last_ship_s)
-        stages.append({**windows.last_ship_cpu_stages, **windows.helper_cpu_s})
+        stages.append({**windows.last_ship_cpu_stages, **windows.helper_cpu_s,
+                       "helper_process": windows.helper_cpu_total_s - helper_cpu0})
         if windows.windows_done != done + 1:
             raise RuntimeError(f"window bench{k} was not shipped")
         return elapsed

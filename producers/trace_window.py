@@ -94,6 +94,11 @@ class WindowController:
         return self._helper.windows_converted if self._helper is not None else 0
 
     @property
+    def helper_cpu_total_s(self) -> float:
+        """CPU the helper process has used so far (0 without one)."""
+        return self._helper.cpu_seconds() if self._helper is not None else 0.0
+
+    @property
     def helper_rss_bytes(self) -> int:
         """Resident memory of the helper process (0 without one)."""
         return self._helper.rss_bytes() if self._helper is not None else 0

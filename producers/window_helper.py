@@ -276,6 +276,19 @@ class HelperProcess:
             raise ValueError("helper wrote more than one answer")
         return msgpack.unpackb(bytes(buf[4:]), raw=False, strict_map_key=False)
 
+    def cpu_seconds(self) -> float:
+        """CPU (user + system) the helper process has used so far (0 when not running)."""
+        proc = self._proc
+        if proc is None:
+            return 0.0
+        try:
+            import psutil
+
+            t = psutil.Process(proc.pid).cpu_times()
+            return float(t.user + t.system)
+        except Exception:
+            return 0.0
+
     def rss_bytes(self) -> int:
         """Resident memory of the helper process (0 when not running)."""
         proc = self._proc

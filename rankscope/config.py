@@ -82,7 +82,7 @@ class Settings:
     trace_byte_budget: int = 8_000_000
     flight_steps: int = 256
     native_reader: bool = True  # read trace windows with the C++ reader when built (rankscope build-native)
-    trace_helper: bool = True   # convert trace windows in a helper process (off the rank's GIL)
+    trace_helper: bool = False  # convert trace windows in a helper process (off the rank's GIL)
     trace_helper_nice: int = 10  # CPU niceness added to that helper (0-19)
     control_enabled: bool = True
     log_level: str = "INFO"

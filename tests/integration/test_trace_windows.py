@@ -40,7 +40,8 @@ def traced_job(kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactor
                ) -> Iterator[tuple[Settings, Store, str, Path]]:
     work = tmp_path_factory.mktemp("tw")
     settings = kafka_settings.with_overrides(topic_prefix=f"w{uuid.uuid4().hex[:8]}.", data_dir=str(work),
-                                             clickhouse_dsn=f"chdb://{work / 'ch'}", sink_batch_s=0.5)
+                                             clickhouse_dsn=f"chdb://{work / 'ch'}", sink_batch_s=0.5,
+                                             trace_helper=True)   # the helper path, end to end
     ensure_topics(settings, timeout_s=60)
     processors = start_processors(settings, work / "processors.log")
     store = open_store(settings.store_dsn)
