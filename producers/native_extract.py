@@ -275,7 +275,15 @@ class WindowReader:
         from producers.trace_extract import _kineto_result, extract_raw
 
         native = self.native
-        raw = extract_raw(prof, native=native)
+        if native is not None:
+            try:
+                raw = extract_raw(prof, native=native)
+            except Exception as e:      # a reader bug must not cost windows: Python from now on
+                log.warning("rankscope: C++ trace reader failed (%s: %s); reading trace windows in Python",
+                            type(e).__name__, e)
+                self._native = native = None
+        if native is None:
+            raw = extract_raw(prof)
         result = _kineto_result(prof) if native is not None else None
         if result is not None:
             native.release_events(result)

@@ -134,7 +134,7 @@ class WindowController:
             if req.repeating:
                 self._schedule = req
                 self._schedule_count = 0
-                self._next_due_ns = req.start_at_ns
+                self._next_due_ns = 0 if req.start_step else req.start_at_ns   # a start step gates the first
                 self._next_due_step = -1
             else:
                 self._pending.append(req)

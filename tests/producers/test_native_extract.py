@@ -137,3 +137,22 @@ def test_the_tracer_reader_frees_the_window_after_reading_it(native: Any) -> Non
     assert _as_lists(reader(prof)) == expected
     assert len(result.events()) == 0                    # events freed (off the GIL) once read
     assert prof.profiler.kineto_results is None         # and the rest dropped on the sender thread
+
+
+def test_a_failing_native_reader_falls_back_to_python(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        ABI = 2
+
+        @staticmethod
+        def read_columns(result: Any) -> Any:
+            raise RuntimeError("boom")
+
+    caplog.set_level(logging.WARNING, logger="rankscope.native")
+    reader = WindowReader(Settings.from_env().cache_dir)
+    reader._native, reader._loaded = Broken(), True
+    for _ in range(2):
+        prof = _small_window()
+        expected = _as_lists(extract_raw(prof))
+        assert _as_lists(reader(prof)) == expected
+    assert reader.native is None
+    assert sum("C++ trace reader failed" in r.message for r in caplog.records) == 1

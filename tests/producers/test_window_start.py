@@ -100,3 +100,13 @@ def test_the_cli_extrapolates_the_furthest_rank() -> None:
     assert plan_start_step([{"rank": 0, "step": 5, "ts_ns": 0, "median_step_ns": 0}], 0, 0) == 0    # no step time yet
     assert plan_start_step([{"rank": 0}], 0, 0) == 0
     assert plan_start_step([], 0, 0) == 0
+
+
+def test_a_periodic_schedule_starts_at_its_start_step_too() -> None:
+    now = [1_000]
+    wc, begun, _ = _controller(now)
+    wc.handle("trace", "r", {"steps": 2, "every_s": 600, "start_step": 20, "lead_ns": 10**12}, None, now[0])
+    wc.on_step(18)
+    assert begun == []
+    wc.on_step(19)                      # long before the lead time: the step decides
+    assert begun == [20]
