@@ -31,6 +31,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--steps", type=int, default=100000)
     p.add_argument("--slow-rank", type=int, default=1)
+    p.add_argument("--slow-factor", type=float, default=6.0,
+                   help="the slow rank does this many times the others' compute (clear of the noise of a busy host)")
     p.add_argument("--hang-rank", type=int, default=3)
     p.add_argument("--hang-at-step", type=int, default=600)
 
@@ -49,6 +51,7 @@ def demo_job(args: argparse.Namespace, settings: Settings) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
            "-m", "rankscope.demo.train", "--steps", str(args.steps), "--slow-rank", str(args.slow_rank),
+           "--slow-factor", str(args.slow_factor),
            "--hang-rank", str(args.hang_rank), "--hang-at-step", str(args.hang_at_step)]
     print(f"demo job {job}: {' '.join(cmd[2:])}", flush=True)
     os.execvpe(cmd[0], cmd, env)
@@ -64,6 +67,7 @@ def demo(args: argparse.Namespace, settings: Settings) -> int:
     job = args.job or f"demo-{time.strftime('%H%M%S')}"
     services.start(settings, "demo-job", ["demo-job", "--job", job, "--nproc", str(args.nproc),
                                           "--steps", str(args.steps), "--slow-rank", str(args.slow_rank),
+                                          "--slow-factor", str(args.slow_factor),
                                           "--hang-rank", str(args.hang_rank),
                                           "--hang-at-step", str(args.hang_at_step)])
     url = f"http://127.0.0.1:{settings.dashboard_port}/job?job={job}"
