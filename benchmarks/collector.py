@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import torch
 
@@ -159,7 +160,8 @@ def _tile(raw: Any, copies: int) -> Any:
 
 def encode_and_produce(settings: Settings) -> dict[str, Any]:
     """Events per CPU second (all threads of the process, librdkafka's included) from extracted
-    events (a real window's RawEvents, tiled to ~200k events) to acknowledged Kafka messages:
+    events (a real window's RawEvents, tiled to ~200k events, as int64 column arrays like the C++
+    reader's) to acknowledged Kafka messages:
     columns, summary, chunks, wire envelopes, produce, flush. Median of 3 runs."""
     from confluent_kafka import Producer
 
@@ -168,6 +170,9 @@ def encode_and_produce(settings: Settings) -> dict[str, Any]:
 
     one = extract_raw(_record_window())
     raw = _tile(one, max(1, 200_000 // len(one)))
+    for group in (raw.py, raw.host, raw.dev):     # int64 arrays, as the C++ reader hands them over
+        for c in group:
+            group[c] = np.asarray(group[c], dtype=np.int64)
     n = len(raw)
     producer = Producer({"bootstrap.servers": settings.bootstrap, "linger.ms": 20, "compression.type": "lz4",
                          "queue.buffering.max.kbytes": 1048576})
