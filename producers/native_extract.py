@@ -9,7 +9,7 @@ for metadata, shapes and dtypes only of the rows that need them (collectives, de
 :func:`extract_columns` returns exactly what :func:`producers.trace_extract.extract_raw` returns
 (the same rows, names in the same order, the same attrs), with numpy arrays for the column lists.
 
-Building (``rankscope build-native``; ``make install`` runs it) compiles with
+Building (``rankscope build-native``; ``make native`` runs it before test, demo and bench) compiles with
 ``torch.utils.cpp_extension`` (a C++17 compiler and ninja; ~1 min) into
 ``<cache_dir>/native/<key>/``, the key a hash of the source, torch and Python versions. A training
 process never compiles: :func:`load_native` imports a built module or returns None and the tracer

@@ -6,7 +6,9 @@ on the sender thread, and every millisecond of it holding the GIL is a milliseco
 thread may wait (DDP lockstep then makes every rank wait). The helper does that work in its own
 interpreter, at a lower CPU priority (``trace_helper_nice``), and hands the finished message bodies
 back; the rank only packs the raw columns into one pipe write and produces the bodies it gets
-back (librdkafka, off the GIL).
+back (librdkafka, off the GIL). Measured on a 2-rank DDP job: the rank's thread spends 5.7 instead
+of 10.9 ms per window, the helper 10 ms more, so it is off by default (setting ``trace_helper``) and
+pays only where a Python-bound training thread has idle cores beside it.
 
 Protocol (the helper's stdin/stdout, private to one rank and its child): frames of a 4-byte
 little-endian length and a msgpack map. Request ``{"v": 1, "id", "window_id", "first_step",

@@ -3,7 +3,7 @@ torch and Python into ``<cache_dir>/native/<key>/``. Ranks load it when present 
 ``native_reader``) and use the Python reader otherwise.
 
 Exit status: 0 built (or already built); 1 the build failed (the compiler's complaint is printed;
-``--optional`` turns that into a warning and exit status 0, for ``make install`` on machines
+``--optional`` turns that into a warning and exit status 0, for ``make native`` on machines
 without a compiler).
 """
 
