@@ -73,9 +73,7 @@ def window_overhead(settings: Settings) -> dict[str, Any]:
             f"window_ratio{suffix}": res["window_ratio"], f"window_plus_trail_bare_s{suffix}": med["bare"],
             f"window_plus_trail_rankscope_s{suffix}": med["rankscope"], f"bare_profiler_vs_none{suffix}": res["bare_vs_none"],
             f"step_ms{suffix}": 1e3 * med["none"] / (WINDOW_STEPS + TRAIL_STEPS),
-            f"sender_cpu_ms_per_window{suffix}": 1e3 * res["median_ship_cpu_s"],
-            f"helper_cpu_ms_per_window{suffix}": 1e3 * res["median_ship_cpu_stages_s"].get("helper_process", 0.0),
-            f"helper_windows{suffix}": res["helper_windows"], f"helper_rss_mb{suffix}": res["helper_rss_mb"]})
+            f"sender_cpu_ms_per_window{suffix}": 1e3 * res["median_ship_cpu_s"]})
     return metrics
 
 

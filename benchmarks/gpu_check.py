@@ -208,7 +208,6 @@ def main(argv: list[str] | None = None) -> int:
             windows = getattr(tracer, "windows", None)
             result["windows_done"] = getattr(windows, "windows_done", None)
             result["window_reader"] = "C++" if getattr(windows, "native_reader", False) else "Python"
-            result["windows_in_helper"] = getattr(windows, "helper_windows", None)
             result["window_sender_cpu_ms"] = {k: round(v * 1e3, 2) for k, v in
                                               getattr(windows, "last_ship_cpu_stages", {}).items()}
             result["sent"] = {t: {"messages": sent[t], "bytes": sent_bytes[t],
@@ -256,7 +255,6 @@ def main(argv: list[str] | None = None) -> int:
     if "hw_bytes_per_s" in result:
         print(f"hw bytes per second (this rank): {result['hw_bytes_per_s']}")
     print(f"trace windows done: {result.get('windows_done')} (reader: {result.get('window_reader')}, "
-          f"converted in the helper: {result.get('windows_in_helper')}, "
           f"sender CPU ms: {result.get('window_sender_cpu_ms')})")
     import tempfile
 

@@ -108,7 +108,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_rankscope(k: int) -> float:
         done = windows.windows_done
-        helper_cpu0 = windows.helper_cpu_total_s
         t0 = time.perf_counter()
         windows.handle("trace", f"bench{k}", {"steps": args.window, "lead_ns": 0}, None, time.time_ns())
         tracer.step()               # the step boundary at which the window opens
@@ -122,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - t0
         phases["rankscope"].append([t1 - t0, t2 - t1, t0 + elapsed - t2])
         ship.append(windows.last_ship_s)
-        stages.append({**windows.last_ship_cpu_stages, **windows.helper_cpu_s,
-                       "helper_process": windows.helper_cpu_total_s - helper_cpu0})
+        stages.append(windows.last_ship_cpu_stages)
         if windows.windows_done != done + 1:
             raise RuntimeError(f"window bench{k} was not shipped")
         return elapsed
@@ -136,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
         for m in modes[k % 3:] + modes[:k % 3]:
             gc.collect()            # untimed: no run pays for the garbage of the one before
             runs[m].append(run_none() if m == "none" else run_bare() if m == "bare" else run_rankscope(k))
-    helper_rss = windows.helper_rss_bytes     # after every window, before the helper stops
     tracer.close()
     if rank == 0:
         med = {m: statistics.median(v) for m, v in runs.items()}
@@ -149,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                                "median_ship_cpu_s": statistics.median(c for _, c in ship),
                                "median_ship_cpu_stages_s": {k: statistics.median(d[k] for d in stages)
                                                             for k in stages[0]},
-                               "native_reader": windows.native_reader,
-                               "helper_windows": windows.helper_windows,
-                               "helper_rss_mb": helper_rss / 2**20}
+                               "native_reader": windows.native_reader}
         with open(args.result_file, "w") as f:
             json.dump(out, f)
     dist.destroy_process_group()

@@ -28,12 +28,14 @@ from typing import Any
 
 from producers.categories import ANNOTATION, COLLECTIVE, CPU_OP, attrs_and_bytes, classify, is_collective_cpu
 from producers.trace_extract import (
-    _DEVICE_TYPES,
-    _HOST_TYPES,
     ADDR_RE,
+    DEVICE_TYPES,
     FILTERED_NAMES,
+    HOST_TYPES,
     RawEvents,
     detect_clock_offset_ns,
+    extract_raw,
+    kineto_result,
     parse_meta,
 )
 
@@ -158,7 +160,7 @@ def extract_columns(native: Any, result: Any, *, clock_offset_ns: int | None = N
             group[u] = _DROP
         elif at == "cpu_op" and not is_collective_cpu(name):
             group[u], cat[u], drop_hidden[u] = _HOST, CPU_OP, True
-        elif at in _HOST_TYPES:
+        elif at in HOST_TYPES:
             group[u] = _HOST
             cat[u] = c_ = classify(at, name)
             if c_ == COLLECTIVE:
@@ -166,7 +168,7 @@ def extract_columns(native: Any, result: Any, *, clock_offset_ns: int | None = N
                 detail[u] = _COLL_HOST
             elif c_ == ANNOTATION and at != "user_annotation":
                 const_attrs[u] = {"type": at}
-        elif at in _DEVICE_TYPES or dev:
+        elif at in DEVICE_TYPES or dev:
             group[u], cat[u], detail[u] = _DEV, classify(at, name), _DEVICE
         else:
             group[u] = _HOST
@@ -266,14 +268,12 @@ class WindowReader:
                 self._native = load_native(self._cache_dir)
                 if self._native is None:
                     log.info("rankscope: C++ trace reader not built for this torch (run `rankscope build-native`); "
-                             "reading trace windows in Python (~5x slower)")
+                             "reading trace windows in Python (~3.5x the reading cost)")
         return self._native
 
     def __call__(self, prof: Any) -> RawEvents:
         """Read a window's profiler; with the C++ reader its events are then freed off the GIL (the
         profiler is spent: only for profilers the tracer created)."""
-        from producers.trace_extract import _kineto_result, extract_raw
-
         native = self.native
         if native is not None:
             try:
@@ -284,7 +284,7 @@ class WindowReader:
                 self._native = native = None
         if native is None:
             raw = extract_raw(prof)
-        result = _kineto_result(prof) if native is not None else None
+        result = kineto_result(prof) if native is not None else None
         if result is not None:
             native.release_events(result)
         holder = getattr(prof, "profiler", None)

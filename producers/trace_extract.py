@@ -55,9 +55,9 @@ FILTERED_NAMES = frozenset({"[memory]", "[OutOfMemory]", "profiler::_record_func
                             "profiler::_record_function_enter_new", "profiler::_record_function_exit",
                             "aten::is_leaf", "aten::output_nr", "aten::_version"})
 # Kineto activity types by side (others are resolved with device_type()).
-_HOST_TYPES = frozenset({"cpu_op", "user_annotation", "cpu_instant_event", "python_function", "overhead"}
+HOST_TYPES = frozenset({"cpu_op", "user_annotation", "cpu_instant_event", "python_function", "overhead"}
                         | RUNTIME_TYPES)
-_DEVICE_TYPES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync",
+DEVICE_TYPES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync",
                            "concurrent_kernel"})
 _DAY_NS = 86_400 * 10**9
 
@@ -182,7 +182,7 @@ def detect_clock_offset_ns(sample_ns: int, wall_ns: int | None = None, mono_ns: 
     raise ValueError(f"profiler timestamp {sample_ns} is neither epoch ({wall}) nor monotonic ({mono}) time")
 
 
-def _kineto_result(prof: Any) -> Any:
+def kineto_result(prof: Any) -> Any:
     """The ``_ProfilerResult`` of a stopped torch.profiler.profile, a legacy
     torch.autograd.profiler.profile, or the result itself; None if there is none."""
     for obj in (getattr(getattr(prof, "profiler", None), "kineto_results", None),
@@ -243,7 +243,7 @@ def _activity_type(e: Any, cpu: bool) -> str:
 
 def _results(prof: Any, clock_offset_ns: int | None) -> tuple[Any, int]:
     """(KinetoEvent list or None, clock offset); raises as documented on :func:`extract_raw`."""
-    result = _kineto_result(prof)
+    result = kineto_result(prof)
     if result is None:
         if not callable(getattr(prof, "events", None)):
             raise TypeError(f"extract_raw needs a stopped torch.profiler.profile, got {type(prof).__name__}")
@@ -275,7 +275,7 @@ def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns
     (not stopped yet, or ``trace_only=True``).
     """
     if native is not None:
-        result = _kineto_result(prof)
+        result = kineto_result(prof)
         if result is not None:
             from producers.native_extract import extract_columns
 
@@ -329,7 +329,7 @@ def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns
             if hidden is not None and hidden(e):
                 continue
             cat, nbytes = CPU_OP, 0
-        elif at in _HOST_TYPES:
+        elif at in HOST_TYPES:
             cat = classify(at, name)
             nbytes = 0
             if cat == COLLECTIVE:
@@ -341,8 +341,8 @@ def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns
                 out.host_attrs[len(host_rows)] = attrs
             elif cat == ANNOTATION and at not in ("user_annotation",):
                 out.host_attrs[len(host_rows)] = {"type": at}
-        elif at in _DEVICE_TYPES or e.device_type() != cpu_type:
-            _add_device(out, e, _activity_type(e, False) if at not in _DEVICE_TYPES else at, name)
+        elif at in DEVICE_TYPES or e.device_type() != cpu_type:
+            _add_device(out, e, _activity_type(e, False) if at not in DEVICE_TYPES else at, name)
             continue
         else:
             at = _activity_type(e, True)

@@ -60,13 +60,12 @@ class WindowController:
                  byte_budget: int, wall_ns: Callable[[], int],
                  profiler_factory: Callable[[TraceRequest], Any] = default_profiler,
                  on_window: Callable[[bool], None] | None = None,
-                 read_window: Callable[[Any], Any] | None = None, helper: Any = None) -> None:
+                 read_window: Callable[[Any], Any] | None = None) -> None:
         self._send_trace, self._send_summary, self._ack = send_trace, send_summary, ack
         self._byte_budget = byte_budget
         self._wall_ns = wall_ns
         self._profiler_factory = profiler_factory
         self._read_window = read_window     # stopped profiler -> RawEvents; None: extract_raw
-        self._helper = helper               # a HelperProcess converting windows off the GIL; None: in-thread
         self._on_window = on_window or (lambda active: None)
         self._lock = threading.Lock()
         self._pending: list[TraceRequest] = []
@@ -77,7 +76,7 @@ class WindowController:
         self._active: _Active | None = None
         self._counts: dict[str, int] = {}
         self.armed = False                      # fast path for step(): anything to do at all?
-        self._work: queue.Queue[tuple[_Active | None, int]] = queue.Queue(maxsize=4)  # None: start the helper
+        self._work: queue.Queue[tuple[_Active, int]] = queue.Queue(maxsize=4)
         self._worker: threading.Thread | None = None
         self.windows_done = 0
         self.last_ship_s = (0.0, 0.0)           # (wall, sender-thread CPU) seconds of the last window sent
@@ -87,26 +86,6 @@ class WindowController:
     def native_reader(self) -> bool:
         """Whether windows are read by the C++ reader (loads it if not loaded yet)."""
         return getattr(self._read_window, "native", None) is not None
-
-    @property
-    def helper_windows(self) -> int:
-        """Windows converted by the helper process so far."""
-        return self._helper.windows_converted if self._helper is not None else 0
-
-    @property
-    def helper_cpu_total_s(self) -> float:
-        """CPU the helper process has used so far (0 without one)."""
-        return self._helper.cpu_seconds() if self._helper is not None else 0.0
-
-    @property
-    def helper_rss_bytes(self) -> int:
-        """Resident memory of the helper process (0 without one)."""
-        return self._helper.rss_bytes() if self._helper is not None else 0
-
-    @property
-    def helper_cpu_s(self) -> dict[str, float]:
-        """The rank's CPU seconds per part of the last exchange with the helper ({} without one)."""
-        return dict(self._helper.last_cpu_s) if self._helper is not None else {}
 
     # Control thread --------------------------------------------------------------------------
     def handle(self, command: str, request_id: str, args: dict[str, Any], ranks: list[int] | None,
@@ -206,12 +185,6 @@ class WindowController:
                 self._next_due_step = first_step + req.every_steps
             self._rearm()
         self._on_window(True)
-        if self._helper is not None and not self._helper.started:
-            self._ensure_worker()       # the helper starts on the sender thread while the window records
-            try:
-                self._work.put_nowait((None, 0))
-            except queue.Full:
-                pass
 
     def _finish(self, act: _Active, last_step: int) -> None:
         act.profiler.stop()
@@ -242,13 +215,6 @@ class WindowController:
     def _work_loop(self) -> None:
         while True:
             act, end_ns = self._work.get()
-            if act is None:
-                try:
-                    self._helper.start()
-                except Exception as e:      # never lose the sender thread; windows convert in-thread
-                    log.warning("rankscope: trace window helper did not start: %s", e)
-                self._work.task_done()
-                continue
             try:
                 self._ship(act, end_ns)
             except Exception as e:
@@ -270,7 +236,7 @@ class WindowController:
         cpu.append(time.thread_time())
         budget = act.request.byte_budget or self._byte_budget
         status = "stopped" if act.stop_requested else "complete"
-        out = self._convert(raw, act.window_id, act.first_step, budget, status)
+        out = convert_window(raw, act.window_id, act.first_step, budget, status)
         cpu.append(time.thread_time())
         for body in out.traces:
             self._send_trace("trace", body)
@@ -283,23 +249,10 @@ class WindowController:
                                              (b - a for a, b in zip(cpu, cpu[1:], strict=False)), strict=True))
         self.windows_done += 1
         sent, total, truncated = out.sent, body["events_total"], out.truncated
-        how = (f"{'C++' if self.native_reader else 'Python'} reader, "
-               f"converted {'in the helper process' if out.by_helper else 'on the sender thread'}")
+        how = f"{'C++' if self.native_reader else 'Python'} reader"
         detail = (f"window {act.window_id}: steps {body['first_step']}-{body['last_step']}, {sent}/{total} events sent"
                   + (f", TRUNCATED to the {budget}-byte budget" if truncated else "") + f" ({how})")
         self._ack(act.request.request_id, "done", detail, window_id=act.window_id, truncated=bool(truncated))
-
-    def _convert(self, raw: Any, window_id: str, first_step: int, budget: int, status: str) -> ConvertedWindow:
-        if self._helper is not None:
-            out = self._helper.convert(raw, window_id, first_step, budget, status)
-            if out is not None:
-                return out
-        return convert_window(raw, window_id, first_step, budget, status)
-
-    def close(self) -> None:
-        """Stop the helper process (after :meth:`drain`)."""
-        if self._helper is not None:
-            self._helper.close()
 
     def drain(self, timeout_s: float) -> None:
         """Wait (bounded) for windows being sent; used at exit."""
@@ -325,12 +278,11 @@ class ConvertedWindow:
     summary: dict[str, Any]           # the summary body (request fields are added by the sender)
     sent: int                         # events in the chunks
     truncated: int                    # events left out by the byte budget
-    by_helper: bool = False           # converted by the helper process
 
 
 def convert_window(raw: Any, window_id: str, first_step: int, budget: int, status: str) -> ConvertedWindow:
     """RawEvents of one window -> its trace chunks within ``budget`` bytes and its summary body (with
-    the collective arrivals). Pure: runs on the sender thread or in the helper process."""
+    the collective arrivals). Pure."""
     from producers.trace_events import chunk, summarize, summary_body, to_columnar
 
     cols = to_columnar(raw, window_id, first_step)

@@ -38,7 +38,6 @@ from producers.native_extract import WindowReader
 from producers.stacks import all_thread_stacks
 from producers.trace_window import WindowController
 from producers.transport import Transport
-from producers.window_helper import HelperProcess
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.topics import Topic
@@ -78,8 +77,7 @@ class Tracer:
             send_summary=lambda kind, body: self._send_to(Topic.SUMMARIES.name_for(self.settings), self._key, kind, body),
             ack=self._ack, byte_budget=self.settings.trace_byte_budget, wall_ns=self.clock.wall_ns,
             on_window=self._on_window,
-            read_window=WindowReader(self.settings.cache_dir, self.settings.native_reader),
-            helper=HelperProcess(nice=self.settings.trace_helper_nice) if self.settings.trace_helper else None)
+            read_window=WindowReader(self.settings.cache_dir, self.settings.native_reader))
         self._flight: collections.deque[tuple[int, int, int, int]] = collections.deque(maxlen=self.settings.flight_steps)
         self.control: ControlListener | None = None
         if self.settings.control_enabled and transport is None:
@@ -167,7 +165,6 @@ class Tracer:
             if self.control is not None:
                 self.control.stop()
             self.windows.drain(self.settings.flush_timeout_s / 2)
-            self.windows.close()
             if self.hw_sampler is not None:
                 self.hw_sampler.stop()
             self._send_steps()

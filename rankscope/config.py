@@ -82,8 +82,6 @@ class Settings:
     trace_byte_budget: int = 8_000_000
     flight_steps: int = 256
     native_reader: bool = True  # read trace windows with the C++ reader when built (rankscope build-native)
-    trace_helper: bool = False  # convert trace windows in a helper process (off the rank's GIL)
-    trace_helper_nice: int = 10  # CPU niceness added to that helper (0-19)
     control_enabled: bool = True
     log_level: str = "INFO"
 
@@ -102,8 +100,6 @@ class Settings:
                      "stall_stack_factor", "stall_stack_min_s"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds/factor, got {getattr(self, name)!r}")
-        if not 0 <= self.trace_helper_nice <= 19:
-            raise ConfigError(f"trace_helper_nice must be in 0..19, got {self.trace_helper_nice!r}")
         if self.hw_sample_s < 0:
             raise ConfigError(f"hw_sample_s must be >= 0 (0 = off), got {self.hw_sample_s!r}")
         if not 0 <= self.straggler_min_rel < 10:

@@ -40,8 +40,7 @@ def traced_job(kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactor
                ) -> Iterator[tuple[Settings, Store, str, Path]]:
     work = tmp_path_factory.mktemp("tw")
     settings = kafka_settings.with_overrides(topic_prefix=f"w{uuid.uuid4().hex[:8]}.", data_dir=str(work),
-                                             clickhouse_dsn=f"chdb://{work / 'ch'}", sink_batch_s=0.5,
-                                             trace_helper=True)   # the helper path, end to end
+                                             clickhouse_dsn=f"chdb://{work / 'ch'}", sink_batch_s=0.5)
     ensure_topics(settings, timeout_s=60)
     processors = start_processors(settings, work / "processors.log")
     store = open_store(settings.store_dsn)
@@ -81,8 +80,8 @@ def test_window_covers_exactly_the_requested_steps(traced_job: tuple[Settings, S
     out = rankscope(settings, "trace", "--job", job, "--steps", "3", "--wait-done", "--timeout", "120")
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count(": done window") == 2, out.stdout
-    # Both ranks read the window in C++ and converted it in their helper process (make test builds the reader).
-    assert out.stdout.count("(C++ reader, converted in the helper process)") == 2, out.stdout
+    # Both ranks read the window in C++ (make test builds the reader).
+    assert out.stdout.count("(C++ reader)") == 2, out.stdout
     request_id = out.stdout.split()[1]
 
     def windows() -> list[tuple]:
