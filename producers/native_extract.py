@@ -42,7 +42,8 @@ from producers.trace_extract import (
 log = logging.getLogger("rankscope.native")
 
 SOURCE = Path(__file__).with_name("native") / "kineto_columns.cpp"
-ABI = 2                      # bumped with the C++ module's ABI attribute when its outputs change
+SOURCES = (SOURCE, SOURCE.with_name("window_math.h"))   # everything the build key covers
+ABI = 3                      # bumped with the C++ module's ABI attribute when its outputs change
 
 _DROP, _PY, _HOST, _DEV = 0, 1, 2, 3
 _NONE, _COLL_HOST, _COLL_OTHER, _DEVICE = 0, 1, 2, 3     # which details a row needs
@@ -55,7 +56,9 @@ class NativeBuildError(RuntimeError):
 def build_key() -> str:
     import torch
 
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for src in SOURCES:
+        h.update(src.read_bytes())
     h.update(f"{torch.__version__}|{sys.version}|{platform.machine()}|{ABI}".encode())
     return h.hexdigest()[:12]
 
@@ -80,7 +83,8 @@ def build(cache_dir: str | Path, *, verbose: bool = False) -> Path:
         return so
     d.mkdir(parents=True, exist_ok=True)
     try:
-        load(module_name(key), [str(SOURCE)], build_directory=str(d), extra_cflags=["-O2"], verbose=verbose)
+        load(module_name(key), [str(SOURCE)], build_directory=str(d), extra_cflags=["-O2"],
+             extra_include_paths=[str(SOURCE.parent)], verbose=verbose)
     except Exception as e:   # compiler missing, headers missing, ninja missing, ...
         raise NativeBuildError(f"building {SOURCE.name} failed: {type(e).__name__}: {str(e)[-2000:]}") from None
     if not so.exists():

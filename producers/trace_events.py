@@ -68,13 +68,13 @@ def _int_array(values: list[int], name: str) -> np.ndarray:
         raise ValueError(f"event column {name} holds a non-integer: {exc}") from None
 
 
-def _call_paths(raw: RawEvents, py_names: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
+def _call_paths(raw: RawEvents, py_names: np.ndarray, native: Any = None) -> tuple[np.ndarray, list[list[int]]]:
     """Path id of every python frame and the interned path table ``[[parent, name], ...]``.
 
     A frame's parent is the frame whose ``py_id`` is its ``py_parent`` and is lower than its own id
     (the profiler numbers frames in call order; anything else is treated as a root, so garbage
     cannot make a cycle). Paths are interned level by level, so a parent's path id is below its
-    children's."""
+    children's. ``native``: the C++ module (producers/native_extract.py), which computes the same."""
     n = len(py_names)
     path = np.full(n, -1, dtype=np.int64)
     paths: list[list[int]] = []
@@ -82,6 +82,9 @@ def _call_paths(raw: RawEvents, py_names: np.ndarray) -> tuple[np.ndarray, list[
         return path, paths
     ids = _int_array(raw.py["py_id"], "py_id")
     parents = _int_array(raw.py["py_parent"], "py_parent")
+    if native is not None:
+        path, t_parent, t_name = native.call_paths(ids, parents, py_names)
+        return path, np.stack([t_parent, t_name], axis=1).tolist()
     o = np.argsort(ids, kind="stable")
     sid = ids[o]
     pos = np.minimum(np.searchsorted(sid, parents), n - 1)
@@ -120,7 +123,7 @@ def _sort_order(start: np.ndarray, dur: np.ndarray) -> np.ndarray:
 
 
 def to_columnar(events: RawEvents | Sequence[dict[str, Any]], window_id: str, first_step: int | None,
-                *, step_bounds: Sequence[tuple[int, int, int]] | None = None) -> dict[str, Any]:
+                *, step_bounds: Sequence[tuple[int, int, int]] | None = None, native: Any = None) -> dict[str, Any]:
     """The events of one window (:class:`RawEvents`, or event dicts) -> one columnar window.
 
     Returns ``{"window_id", "first_step", "last_step", "start_ns", "end_ns", "categories", "names",
@@ -141,6 +144,8 @@ def to_columnar(events: RawEvents | Sequence[dict[str, Any]], window_id: str, fi
     interval contains its start; a GPU event gets the step of the CPU op that launched it
     (``linked``), else of its runtime call (same ``corr``), else by its own start time.
     Window bounds: the span of the steps if known, else of all events.
+
+    ``native``: the C++ module (producers/native_extract.py) for the call paths, same result.
 
     Raises ValueError on event dicts without the required keys or with non-integer values.
     """
@@ -173,7 +178,7 @@ def to_columnar(events: RawEvents | Sequence[dict[str, Any]], window_id: str, fi
     corr = col("corr", 0, None, None)
     linked = col("linked", 0, 0, None)
     nbytes = col("bytes", 0, None, None)
-    py_path, paths = _call_paths(raw, py_names)
+    py_path, paths = _call_paths(raw, py_names, native)
     path = np.concatenate([py_path, np.full(n_host + n_dev, -1, dtype=np.int64)])
     attrs_at: dict[int, Any] = {n_py + k: a for k, a in raw.host_attrs.items()}
     attrs_at.update((n_py + n_host + k, a) for k, a in raw.dev_attrs.items())
@@ -340,15 +345,22 @@ def _uncovered_time(start: np.ndarray, end: np.ndarray, cov_start: np.ndarray, c
     return np.clip((end - start) - (busy_until(end) - busy_until(start)), 0, None)
 
 
-def exclusive_times(col: dict[str, Any]) -> np.ndarray:
-    """Exclusive ("not overlapped") ns of every event of a columnar window; see :func:`summarize`."""
+NATIVE_CODES = {"python": PYTHON, "collective": COLLECTIVE, "cpu_op": CPU_OP, "annotation": ANNOTATION,
+                "gpu_work": list(GPU_WORK)}
+
+
+def exclusive_times(col: dict[str, Any], native: Any = None) -> np.ndarray:
+    """Exclusive ("not overlapped") ns of every event of a columnar window; see :func:`summarize`.
+    ``native``: the C++ module (producers/native_extract.py), which computes the same."""
     ev = col["events"]
     cat = np.asarray(ev["category"], dtype=np.int64)
     start = np.asarray(ev["start_ns"], dtype=np.int64)
     dur = np.asarray(ev["dur_ns"], dtype=np.int64)
-    end = start + dur
     dev = np.asarray(ev["device"], dtype=np.int64)
     tid = np.asarray(ev["tid"], dtype=np.int64)
+    if native is not None:
+        return native.exclusive_times(cat, start, dur, dev, tid, NATIVE_CODES)
+    end = start + dur
     out = np.zeros(len(cat), dtype=np.int64)
     host = dev < 0
     is_ann = cat == ANNOTATION
@@ -386,7 +398,7 @@ def exclusive_times(col: dict[str, Any]) -> np.ndarray:
 SUMMARY_COLUMNS = ("category", "name", "count", "total_ns", "median_ns", "p95_ns", "max_ns", "exclusive_ns")
 
 
-def summarize(col: dict[str, Any], *, python_min_frac: float = 0.0) -> dict[str, Any]:
+def summarize(col: dict[str, Any], *, python_min_frac: float = 0.0, native: Any = None) -> dict[str, Any]:
     """Per-function summary of a columnar window, grouped by (category, name); python events are
     grouped by call path and named ``"root;...;leaf"``.
 
@@ -409,6 +421,9 @@ def summarize(col: dict[str, Any], *, python_min_frac: float = 0.0) -> dict[str,
     ``bottleneck ratio = exclusive_ns / window_ns``. Python call paths whose total is below
     ``python_min_frac * window_ns`` are left out (counted in ``python_paths_dropped``); the kept set is
     closed under prefixes (a parent path's total >= its children's).
+
+    ``native``: the C++ module (producers/native_extract.py) for the exclusive times and the
+    per-group statistics; the result is the same.
     """
     ev = col["events"]
     cat = np.asarray(ev["category"], dtype=np.int64)
@@ -419,27 +434,17 @@ def summarize(col: dict[str, Any], *, python_min_frac: float = 0.0) -> dict[str,
     empty: dict[str, Any] = {c: [] for c in SUMMARY_COLUMNS}
     if not len(cat):
         return {**empty, "window_ns": window_ns, "python_paths_dropped": 0}
-    excl = exclusive_times(col)
+    excl = exclusive_times(col, native)
     by_path = (cat == PYTHON) & (path >= 0)           # python without a path (odd input): by name
     key = (cat << 41) + (by_path.astype(np.int64) << 40) + np.where(by_path, path, name)
-    o = np.lexsort((dur, key))
-    k_s, d_s, x_s = key[o], dur[o], excl[o]
-    first = np.concatenate([[True], k_s[1:] != k_s[:-1]])
-    starts = np.flatnonzero(first)
-    counts = np.diff(np.concatenate([starts, [len(k_s)]]))
-    total = np.add.reduceat(d_s, starts)
-    excl_sum = np.add.reduceat(x_s, starts)
-    mx = d_s[starts + counts - 1]
-    median = (d_s[starts + (counts - 1) // 2] + d_s[starts + counts // 2]) // 2
-    pos = 0.95 * (counts - 1)
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.ceil(pos).astype(np.int64)
-    vlo, vhi = d_s[starts + lo], d_s[starts + hi]
-    p95 = np.rint(vlo + (vhi - vlo) * (pos - lo)).astype(np.int64)
-    g_cat = k_s[starts] >> 41
-    g_id = k_s[starts] & ((1 << 40) - 1)
-    keep = np.ones(len(starts), dtype=bool)
-    is_py = ((k_s[starts] >> 40) & 1) == 1
+    if native is not None:
+        g_key, counts, total, median, p95, mx, excl_sum = native.group_stats(key, dur, excl)
+    else:
+        g_key, counts, total, median, p95, mx, excl_sum = _group_stats(key, dur, excl)
+    g_cat = g_key >> 41
+    g_id = g_key & ((1 << 40) - 1)
+    keep = np.ones(len(g_key), dtype=bool)
+    is_py = ((g_key >> 40) & 1) == 1
     dropped = 0
     if python_min_frac > 0 and is_py.any():
         small = is_py & (total < python_min_frac * max(window_ns, 1))
@@ -456,6 +461,26 @@ def summarize(col: dict[str, Any], *, python_min_frac: float = 0.0) -> dict[str,
         "p95_ns": p95[keep].tolist(), "max_ns": mx[keep].tolist(), "exclusive_ns": excl_sum[keep].tolist(),
         "window_ns": window_ns, "python_paths_dropped": dropped,
     }
+
+
+def _group_stats(key: np.ndarray, dur: np.ndarray, excl: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per distinct ``key`` (ascending): the key, count, total, median, p95 (linear interpolation,
+    numpy's default) and max of ``dur``, and the sum of ``excl``."""
+    o = np.lexsort((dur, key))
+    k_s, d_s, x_s = key[o], dur[o], excl[o]
+    first = np.concatenate([[True], k_s[1:] != k_s[:-1]])
+    starts = np.flatnonzero(first)
+    counts = np.diff(np.concatenate([starts, [len(k_s)]]))
+    total = np.add.reduceat(d_s, starts)
+    excl_sum = np.add.reduceat(x_s, starts)
+    mx = d_s[starts + counts - 1]
+    median = (d_s[starts + (counts - 1) // 2] + d_s[starts + counts // 2]) // 2
+    pos = 0.95 * (counts - 1)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.ceil(pos).astype(np.int64)
+    vlo, vhi = d_s[starts + lo], d_s[starts + hi]
+    p95 = np.rint(vlo + (vhi - vlo) * (pos - lo)).astype(np.int64)
+    return k_s[starts], counts, total, median, p95, mx, excl_sum
 
 
 def summary_body(col: dict[str, Any], functions: dict[str, Any], *, events_sent: int, truncated: bool,

@@ -5,13 +5,19 @@
 // Kineto activity-type name table; details(result, rows) returns, for the few rows that need it
 // (collectives, device events), (metadata_json, extra_meta, shapes, dtypes). Python turns the
 // buffers into numpy arrays and categorises per distinct (type, name), not per event.
+//
+// The window-conversion kernels of window_math.h are bound here too (call_paths, exclusive_times,
+// group_stats): int64 numpy arrays in and out, computed with the GIL released.
 #include <torch/extension.h>
+#include <pybind11/numpy.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <kineto/ActivityType.h>
 
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "window_math.h"
 
 namespace py = pybind11;
 using torch::autograd::profiler::KinetoEvent;
@@ -137,12 +143,67 @@ void release_events(const py::object& obj) {
   tree.clear();
 }
 
+using I64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+py::array_t<int64_t> to_numpy(const std::vector<int64_t>& v) {
+  py::array_t<int64_t> a(static_cast<py::ssize_t>(v.size()));
+  if (!v.empty()) std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
+}
+
+size_t same_length(std::initializer_list<const I64Array*> arrays) {
+  const size_t n = static_cast<size_t>((*arrays.begin())->size());
+  for (const I64Array* a : arrays) {
+    if (a->ndim() != 1 || static_cast<size_t>(a->size()) != n) throw py::value_error("columns must be 1-d and of one length");
+  }
+  return n;
+}
+
+py::tuple call_paths(const I64Array& ids, const I64Array& parents, const I64Array& names) {
+  const size_t n = same_length({&ids, &parents, &names});
+  rankscope::CallPaths r;
+  {
+    py::gil_scoped_release nogil;
+    r = rankscope::call_paths(ids.data(), parents.data(), names.data(), n);
+  }
+  return py::make_tuple(to_numpy(r.path), to_numpy(r.table_parent), to_numpy(r.table_name));
+}
+
+py::array_t<int64_t> exclusive_times(const I64Array& cat, const I64Array& start, const I64Array& dur,
+                                     const I64Array& dev, const I64Array& tid, const py::dict& codes) {
+  const size_t n = same_length({&cat, &start, &dur, &dev, &tid});
+  rankscope::Codes c{codes["python"].cast<int64_t>(), codes["collective"].cast<int64_t>(),
+                     codes["cpu_op"].cast<int64_t>(), codes["annotation"].cast<int64_t>(),
+                     codes["gpu_work"].cast<std::vector<int64_t>>()};
+  std::vector<int64_t> out;
+  {
+    py::gil_scoped_release nogil;
+    out = rankscope::exclusive_times(cat.data(), start.data(), dur.data(), dev.data(), tid.data(), n, c);
+  }
+  return to_numpy(out);
+}
+
+py::tuple group_stats(const I64Array& key, const I64Array& dur, const I64Array& excl) {
+  const size_t n = same_length({&key, &dur, &excl});
+  rankscope::Groups g;
+  {
+    py::gil_scoped_release nogil;
+    g = rankscope::group_stats(key.data(), dur.data(), excl.data(), n);
+  }
+  return py::make_tuple(to_numpy(g.key), to_numpy(g.count), to_numpy(g.total), to_numpy(g.median),
+                        to_numpy(g.p95), to_numpy(g.max), to_numpy(g.excl));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "rankscope: read torch.profiler results into columns without the GIL";
-  m.attr("ABI") = 2;
+  m.attr("ABI") = 3;
   m.def("read_columns", &read_columns, py::arg("result"));
   m.def("details", &details, py::arg("result"), py::arg("rows"));
   m.def("release_events", &release_events, py::arg("result"));
+  m.def("call_paths", &call_paths, py::arg("ids"), py::arg("parents"), py::arg("names"));
+  m.def("exclusive_times", &exclusive_times, py::arg("category"), py::arg("start_ns"), py::arg("dur_ns"),
+        py::arg("device"), py::arg("tid"), py::arg("codes"));
+  m.def("group_stats", &group_stats, py::arg("key"), py::arg("dur_ns"), py::arg("exclusive_ns"));
 }

@@ -19,6 +19,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile
 from producers.native_extract import WindowReader, extract_columns, load_native
 from producers.trace_events import to_columnar
 from producers.trace_extract import RawEvents, extract_raw
+from producers.trace_window import convert_window
 from rankscope.cli import main as cli_main
 from rankscope.config import Settings
 
@@ -97,6 +98,50 @@ def test_native_reader_rejects_what_is_not_a_profiler_result(native: Any, ddp_wi
         native.details(ddp_window.profiler.kineto_results, [10**9])
     with pytest.raises(TypeError, match="not profilers|needs a stopped"):
         extract_raw(object(), native=native)     # not a profiler at all: the Python path's error
+
+
+def test_native_conversion_gives_the_same_chunks_and_summary(native: Any, ddp_window: Any) -> None:
+    import msgpack
+
+    raw = extract_raw(ddp_window, native=native)
+    for budget in (4 << 20, 20_000):                # whole, and truncated to a small budget
+        a = convert_window(raw, "w", 7, budget, "complete")
+        b = convert_window(raw, "w", 7, budget, "complete", native=native)
+        assert (b.sent, b.truncated) == (a.sent, a.truncated)
+        assert msgpack.packb(b.traces) == msgpack.packb(a.traces)
+        assert msgpack.packb(b.summary) == msgpack.packb(a.summary)
+    assert a.truncated and len(a.summary["functions"]["name"]) > 20
+    assert any(";" in name for name in a.summary["functions"]["name"])   # python call paths
+
+
+class _BrokenKernels:
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"kernel {name} is broken")
+
+
+def test_a_failing_native_conversion_costs_no_window(caplog: pytest.LogCaptureFixture) -> None:
+    from producers.control import parse_trace_request
+    from producers.trace_window import WindowController, _Active
+
+    class Reader:
+        native = _BrokenKernels()
+
+        def __call__(self, prof: Any) -> RawEvents:
+            return extract_raw(prof)
+
+    sent: list[tuple[str, dict[str, Any]]] = []
+    acks: list[tuple[Any, ...]] = []
+    wc = WindowController(send_trace=lambda k, b: sent.append((k, b)), send_summary=lambda k, b: sent.append((k, b)),
+                          ack=lambda *a, **kw: acks.append(a), byte_budget=1 << 20, wall_ns=lambda: 0,
+                          read_window=Reader())
+    req = parse_trace_request("r", {"steps": 1}, None, 0)
+    prof = _small_window()
+    expected = convert_window(extract_raw(prof), "r-0", 3, 1 << 20, "complete")
+    wc._ship(_Active(req, "r-0", 3, 0, prof), 0)
+    assert any("C++ conversion of window r-0 failed" in r.message for r in caplog.records)
+    assert acks[-1][1] == "done"
+    summary = [b for k, b in sent if k == "summary"][0]
+    assert summary["functions"] == expected.summary["functions"]
 
 
 def _small_window() -> Any:
