@@ -41,6 +41,7 @@ from producers.trace_extract import (  # noqa: F401  (re-exported)
     experimental_config,
     extract_raw,
 )
+from rankscope.call_paths import expand_call_paths, path_strings  # noqa: F401  (re-exported)
 from rankscope.packed import narrowest_type, pack_int
 
 # Truncation tiers: when a window exceeds its byte budget, higher tiers go first.
@@ -251,32 +252,6 @@ def to_columnar(events: RawEvents | Sequence[dict[str, Any]], window_id: str, fi
             "categories": list(CATEGORIES), "names": names, "paths": paths, "events": cols, "attr_rows": attr_rows}
 
 
-def path_strings(names: Sequence[str], paths: Sequence[Sequence[int]], ids: Iterable[int] | None = None,
-                 sep: str = ";") -> dict[int, str]:
-    """Call-path id -> ``"root;...;leaf"`` for ``ids`` (all paths if None). Raises ValueError on a
-    malformed table (a cycle, an index out of range)."""
-    out: dict[int, str] = {}
-    want = range(len(paths)) if ids is None else ids
-    for pid in want:
-        if pid in out:
-            continue
-        chain: list[int] = []
-        p = pid
-        while p >= 0 and p not in out:
-            if p >= len(paths) or len(chain) > len(paths):
-                raise ValueError(f"call path {pid} is malformed (at {p})")
-            chain.append(p)
-            p = paths[p][0]
-        prefix = out[p] if p >= 0 else None
-        for q in reversed(chain):
-            ni = paths[q][1]
-            if not 0 <= ni < len(names):
-                raise ValueError(f"call path {q} names index {ni}, table has {len(names)}")
-            prefix = names[ni] if prefix is None else f"{prefix}{sep}{names[ni]}"
-            out[q] = prefix
-    return out
-
-
 # --------------------------------------------------------------------------------------------
 # Summary
 # --------------------------------------------------------------------------------------------
@@ -398,7 +373,8 @@ def exclusive_times(col: dict[str, Any], native: Any = None) -> np.ndarray:
 SUMMARY_COLUMNS = ("category", "name", "count", "total_ns", "median_ns", "p95_ns", "max_ns", "exclusive_ns")
 
 
-def summarize(col: dict[str, Any], *, python_min_frac: float = 0.0, native: Any = None) -> dict[str, Any]:
+def summarize(col: dict[str, Any], *, python_min_frac: float = 0.0, native: Any = None,
+              compact_paths: bool = False) -> dict[str, Any]:
     """Per-function summary of a columnar window, grouped by (category, name); python events are
     grouped by call path and named ``"root;...;leaf"``.
 
@@ -424,6 +400,12 @@ def summarize(col: dict[str, Any], *, python_min_frac: float = 0.0, native: Any 
 
     ``native``: the C++ module (producers/native_extract.py) for the exclusive times and the
     per-group statistics; the result is the same.
+
+    ``compact_paths`` (the wire form of a ``summary`` body): python rows are named ``""`` and carry
+    their call path in a ``"path"`` column (-1 for other rows), an index into ``"call_paths"``:
+    ``{"names": [...], "paths": [[parent, name_idx], ...]}``, the table of the paths used, closed under
+    parents. :func:`expand_call_paths` turns it back into the plain form. (A DDP window's summary:
+    ~140 KB with every path spelt out, ~25 KB compact.)
     """
     ev = col["events"]
     cat = np.asarray(ev["category"], dtype=np.int64)
@@ -451,16 +433,43 @@ def summarize(col: dict[str, Any], *, python_min_frac: float = 0.0, native: Any 
         dropped = int(small.sum())
         keep &= ~small
     names = col["names"]
-    py_names = path_strings(names, col["paths"], g_id[is_py & keep].tolist())
     cats = list(col.get("categories") or CATEGORIES)
+    extra: dict[str, Any] = {}
+    if compact_paths:
+        py_ids = g_id[is_py & keep].tolist()
+        table, remap = _used_paths(names, col["paths"], py_ids)
+        fn_names = ["" if p else names[i] for p, i in zip(is_py[keep].tolist(), g_id[keep].tolist(), strict=True)]
+        extra = {"path": [remap[i] if p else -1 for p, i in zip(is_py[keep].tolist(), g_id[keep].tolist(),
+                                                                 strict=True)],
+                 "call_paths": table}
+    else:
+        py_names = path_strings(names, col["paths"], g_id[is_py & keep].tolist())
+        fn_names = [py_names[i] if p else names[i] for p, i in zip(is_py[keep].tolist(), g_id[keep].tolist(),
+                                                                   strict=True)]
     return {
         "category": [cats[c] for c in g_cat[keep].tolist()],
-        "name": [py_names[i] if p else names[i] for p, i in zip(is_py[keep].tolist(), g_id[keep].tolist(),
-                                                                 strict=True)],
+        "name": fn_names,
         "count": counts[keep].tolist(), "total_ns": total[keep].tolist(), "median_ns": median[keep].tolist(),
         "p95_ns": p95[keep].tolist(), "max_ns": mx[keep].tolist(), "exclusive_ns": excl_sum[keep].tolist(),
-        "window_ns": window_ns, "python_paths_dropped": dropped,
+        "window_ns": window_ns, "python_paths_dropped": dropped, **extra,
     }
+
+
+def _used_paths(names: Sequence[str], paths: Sequence[Sequence[int]], ids: Iterable[int]
+                ) -> tuple[dict[str, Any], dict[int, int]]:
+    """The call-path table restricted to ``ids`` and their ancestors, re-indexed (parents keep lower
+    ids), with its own names table; and old id -> new id."""
+    used: set[int] = set()
+    for p in ids:
+        while p >= 0 and p not in used:
+            used.add(p)
+            p = paths[p][0]
+    order = sorted(used)
+    remap = {p: i for i, p in enumerate(order)}
+    name_ids = sorted({paths[p][1] for p in order})
+    nmap = {n: i for i, n in enumerate(name_ids)}
+    table = [[remap[paths[p][0]] if paths[p][0] >= 0 else -1, nmap[paths[p][1]]] for p in order]
+    return {"names": [names[i] for i in name_ids], "paths": table}, remap
 
 
 def _group_stats(key: np.ndarray, dur: np.ndarray, excl: np.ndarray) -> tuple[np.ndarray, ...]:

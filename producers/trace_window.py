@@ -297,7 +297,8 @@ def convert_window(raw: Any, window_id: str, first_step: int, budget: int, statu
 
     cols = to_columnar(raw, window_id, first_step, native=native)
     bodies, truncated, sent = chunk(cols, budget)
-    body = summary_body(cols, summarize(cols, native=native), events_sent=sent, truncated=truncated, status=status)
+    body = summary_body(cols, summarize(cols, native=native, compact_paths=True), events_sent=sent,
+                        truncated=truncated, status=status)
     body["arrivals"] = collective_arrivals(cols)
     return ConvertedWindow(bodies, body, sent, truncated)
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.alerts import Alert
+from rankscope.call_paths import expand_call_paths
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
@@ -380,7 +381,10 @@ def summary_columns(env: Envelope, out: Columns) -> dict[str, Any]:
     ``trace_events`` rows the window should have; ``truncated`` says whether the rank left some out."""
     b = env.body
     window_id = _str(b["window_id"], "summary.window_id")
-    f = b["functions"]
+    try:
+        f = expand_call_paths(b["functions"])
+    except ValueError as e:
+        raise InvalidMessage("bad_body", f"summary.functions: {e}") from None
     cats = _str_list(f.get("category"), "summary.functions.category")
     n = len(cats)
     fnames = _str_list(f.get("name"), "summary.functions.name")

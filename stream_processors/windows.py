@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from rankscope.call_paths import expand_call_paths
 from rankscope.wire import Envelope
 from stream_processors.analysis.report import build_report
 
@@ -40,7 +41,8 @@ class WindowCollector:
             if len(self._open) >= MAX_OPEN_WINDOWS:  # bounded: the oldest window is dropped
                 self._open.pop(next(iter(self._open)))
             win = self._open[key] = _Window(first_seen=now)
-        fn = pd.DataFrame({k: v for k, v in b["functions"].items() if isinstance(v, list)})
+        functions = expand_call_paths(b["functions"])      # raises ValueError on a malformed table
+        fn = pd.DataFrame({k: v for k, v in functions.items() if isinstance(v, list)})
         window_ns = b["functions"].get("window_ns") or (int(b.get("end_ns", 0)) - int(b.get("start_ns", 0)))
         fn["rank"] = env.rank
         fn["window_ns"] = int(window_ns)

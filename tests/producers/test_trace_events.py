@@ -428,3 +428,21 @@ def test_summarize_100k_events_is_fast() -> None:
     excl = exclusive_times(col)
     nest = (ev["device"] < 0) & (ev["category"] != ANNOTATION) & (ev["dur_ns"] > 0)
     assert np.array_equal(excl[nest], _reference_self_times(col)[nest])
+
+
+def test_compact_call_paths_expand_to_the_plain_summary(window: dict[str, Any]) -> None:
+    import msgpack
+
+    from rankscope.call_paths import expand_call_paths
+
+    col = window["col"]
+    plain = summarize(col)
+    compact = summarize(col, compact_paths=True)
+    assert any(";" in n for n in plain["name"])
+    assert all(n == "" for n, p in zip(compact["name"], compact["path"], strict=True) if p >= 0)
+    assert expand_call_paths(compact) == plain
+    assert expand_call_paths(plain) is plain                  # nothing to expand
+    assert len(msgpack.packb(compact)) < len(msgpack.packb(plain)) / 2
+    dropped = summarize(col, python_min_frac=0.05, compact_paths=True)   # the table keeps only what is used
+    assert len(dropped["call_paths"]["paths"]) < len(compact["call_paths"]["paths"])
+    assert expand_call_paths(dropped) == summarize(col, python_min_frac=0.05)

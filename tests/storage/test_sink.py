@@ -146,7 +146,7 @@ def test_merge_rank_carries_fields_forward_and_detects_restart() -> None:
     assert (s["host"], s["pid"], s["last_step"], s["exit_reason"], s["world_size"]) == ("h2", 9, 2, "", 4)
 
 
-def _trace_window() -> tuple[list[bytes], bytes]:
+def _trace_window(compact_paths: bool = True) -> tuple[list[bytes], bytes]:
     """A small window made by producers/trace_events.py: trace chunks and the summary message."""
     from producers.trace_events import chunk, summarize, summary_body, to_columnar
 
@@ -166,7 +166,8 @@ def _trace_window() -> tuple[list[bytes], bytes]:
     col = to_columnar(events, "win-1", 40)
     bodies, truncated, sent = chunk(col, 1_000_000, max_chunk_bytes=400)
     traces = [encode(env("trace", b, rank=1, seq=i, sent_ns=t + 2000)) for i, b in enumerate(bodies)]
-    summary = encode(env("summary", summary_body(col, summarize(col), events_sent=sent, truncated=truncated),
+    functions = summarize(col, compact_paths=compact_paths)       # compact: what ranks send
+    summary = encode(env("summary", summary_body(col, functions, events_sent=sent, truncated=truncated),
                          rank=1, seq=len(bodies), sent_ns=t + 3000))
     return traces, summary
 
@@ -222,6 +223,17 @@ def test_trace_and_summary_rows() -> None:
     bad.body["functions"]["count"] = bad.body["functions"]["count"][:-1]
     with pytest.raises(InvalidMessage):
         summary_columns(bad, Columns(TABLE_COLUMNS["function_summaries"]))
+    for spoil in ({"path": [5] * 6}, {"path": [0]}, {"call_paths": {"names": ["a"], "paths": [[0, 0]]}},
+                  {"call_paths": {"names": [1], "paths": [[-1, 0]]}}, {"call_paths": [1, 2]}):
+        bad = decode(summary)
+        bad.body["functions"].update(spoil)
+        with pytest.raises(InvalidMessage, match="summary.functions"):
+            summary_columns(bad, Columns(TABLE_COLUMNS["function_summaries"]))
+
+    # Summaries that spell every call path out (what ranks sent before compact paths) give the same rows.
+    plain = Columns(TABLE_COLUMNS["function_summaries"])
+    assert summary_columns(decode(_trace_window(compact_paths=False)[1]), plain) == window
+    assert plain.data == fcols.data
 
 
 def test_list_form_trace_chunks_give_the_same_rows() -> None:

@@ -1,0 +1,58 @@
+"""Python call paths on the wire: the interned table ``[[parent_path_id, name_idx], ...]`` (parent -1
+at a root) that trace chunks and summaries carry, and the ``"root;...;leaf"`` strings it stands for.
+
+Shared by the rank (producers/trace_events.py builds the tables) and the central side (the sink
+and the processors expand summaries at their boundary)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+def path_strings(names: Sequence[str], paths: Sequence[Sequence[int]], ids: Iterable[int] | None = None,
+                 sep: str = ";") -> dict[int, str]:
+    """Call-path id -> ``"root;...;leaf"`` for ``ids`` (all paths if None). Raises ValueError on a
+    malformed table (a cycle, an index out of range)."""
+    out: dict[int, str] = {}
+    want = range(len(paths)) if ids is None else ids
+    for pid in want:
+        if pid in out:
+            continue
+        chain: list[int] = []
+        p = pid
+        while p >= 0 and p not in out:
+            if p >= len(paths) or len(chain) > len(paths):
+                raise ValueError(f"call path {pid} is malformed (at {p})")
+            chain.append(p)
+            p = paths[p][0]
+        prefix = out[p] if p >= 0 else None
+        for q in reversed(chain):
+            ni = paths[q][1]
+            if not 0 <= ni < len(names):
+                raise ValueError(f"call path {q} names index {ni}, table has {len(names)}")
+            prefix = names[ni] if prefix is None else f"{prefix}{sep}{names[ni]}"
+            out[q] = prefix
+    return out
+
+
+def expand_call_paths(functions: dict[str, Any]) -> dict[str, Any]:
+    """A summary's ``functions`` in the plain form: python rows named ``"root;...;leaf"``. Bodies
+    without ``call_paths`` come back as they are. Raises ValueError on a malformed table or columns."""
+    cp = functions.get("call_paths")
+    if cp is None:
+        return functions
+    if not isinstance(cp, dict) or not isinstance(cp.get("names"), list) or not isinstance(cp.get("paths"), list):
+        raise ValueError("functions.call_paths must be {names: [...], paths: [[parent, name], ...]}")
+    names, table, path, fn = cp["names"], cp["paths"], functions.get("path"), functions.get("name")
+    if not isinstance(path, list) or not isinstance(fn, list) or len(path) != len(fn):
+        raise ValueError("functions.path must be a list as long as functions.name")
+    if not all(isinstance(n, str) for n in names) or not all(
+            isinstance(t, list) and len(t) == 2 and all(isinstance(v, int) for v in t) for t in table):
+        raise ValueError("functions.call_paths holds values of the wrong type")
+    if not all(isinstance(p, int) and -1 <= p < len(table) for p in path):
+        raise ValueError(f"functions.path holds an id outside the {len(table)}-path table")
+    strings = path_strings(names, table, [p for p in path if p >= 0])
+    out = {k: v for k, v in functions.items() if k not in ("call_paths", "path")}
+    out["name"] = [strings[p] if p >= 0 else n for p, n in zip(path, fn, strict=True)]
+    return out
