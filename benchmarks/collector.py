@@ -30,7 +30,7 @@ from rankscope.config import Settings
 
 WINDOW_STEPS = 5
 TRAIL_STEPS = 20   # training goes on after a window while rankscope ships it in the background
-DDP_REPEATS = 15
+DDP_REPEATS = 31
 WAIT_MS = 20.0     # the "_wait" set-up: a GIL-released wait per step, as on a GPU
 
 
@@ -47,10 +47,14 @@ def _train_step(model: torch.nn.Module, x: torch.Tensor) -> None:
 
 
 def _window_job(settings: Settings, size: int, repeats: int, wait_ms: float = 0.0) -> dict[str, Any]:
+    from rankscope.broker import LocalBroker
+
     out = Path(tempfile.mkdtemp()) / "window.json"
+    broker_pid = LocalBroker(settings).pid() if settings.local_broker else None
     proc = torchrun(settings, f"win-{uuid.uuid4().hex[:6]}", "--repeats", str(repeats), "--window",
                     str(WINDOW_STEPS), "--trail", str(TRAIL_STEPS), "--size", str(size), "--wait-ms", str(wait_ms),
-                    "--result-file", str(out), nproc=2, module="benchmarks.window_job")
+                    "--broker-pid", str(broker_pid or 0), "--result-file", str(out), nproc=2,
+                    module="benchmarks.window_job")
     if proc.wait(1200) != 0:
         raise RuntimeError("window overhead job failed")
     return json.loads(out.read_text())
@@ -59,7 +63,8 @@ def _window_job(settings: Settings, size: int, repeats: int, wait_ms: float = 0.
 def window_overhead(settings: Settings) -> dict[str, Any]:
     """Training time of a window plus ``TRAIL_STEPS`` steps with a rankscope window against a bare
     torch.profiler window, on a 2-rank gloo DDP job (benchmarks/window_job.py), median of
-    ``DDP_REPEATS`` alternating runs; in three set-ups: the small MLP of the other benchmarks
+    ``DDP_REPEATS`` alternating runs (the median of the per-repeat ratios; the ratio of the medians
+    too), with where the time goes and the co-located broker's CPU per window; in three set-ups: the small MLP of the other benchmarks
     (~6 ms steps, the worst case: ~850 profiler events per ms of training, and both cores busy
     training, so any CPU the window costs anywhere shows); a 512-wide one (same ops, so the same
     events per step, in longer steps); and the small MLP with a 20 ms wait per step with the GIL
@@ -69,8 +74,17 @@ def window_overhead(settings: Settings) -> dict[str, Any]:
                                            (192, "_wait", 7, WAIT_MS)):
         res = _window_job(settings, size, repeats, wait_ms)
         med = res["median_s"]
+        ph = {m: [round(1e3 * v, 2) for v in p[:3]] for m, p in res["median_phases_s"].items()}
+        broker = res.get("broker_cpu_s_per_run") or {}
         metrics.update({
-            f"window_ratio{suffix}": res["window_ratio"], f"window_plus_trail_bare_s{suffix}": med["bare"],
+            f"window_ratio{suffix}": res["window_ratio"],
+            f"window_ratio_of_medians{suffix}": res["window_ratio_of_medians"],
+            **{f"{phase}_ms_{m}{suffix}": ph[m][i] for i, phase in enumerate(("window", "first_trail_step",
+                                                                                "rest_of_trail"))
+               for m in ("bare", "rankscope")},
+            f"broker_cpu_ms_per_window{suffix}": (round(1e3 * (broker["rankscope"] - broker["bare"]), 1)
+                                                  if broker else None),
+            f"window_plus_trail_bare_s{suffix}": med["bare"],
             f"window_plus_trail_rankscope_s{suffix}": med["rankscope"], f"bare_profiler_vs_none{suffix}": res["bare_vs_none"],
             f"step_ms{suffix}": 1e3 * med["none"] / (WINDOW_STEPS + TRAIL_STEPS),
             f"sender_cpu_ms_per_window{suffix}": 1e3 * res["median_ship_cpu_s"]})

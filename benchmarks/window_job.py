@@ -14,6 +14,13 @@ and times, alternating (ABC, BCA, CAB, ...):
 Before every run a (untimed) ``gc.collect()`` clears the garbage of the run before; each mode frees
 its own profiler results inside its timing (bare: dropped at once; rankscope: on its sender thread).
 
+Reported (rank 0): the median over repeats of the per-repeat ratio rankscope/bare (runs of one
+repeat are adjacent in time, so slow drifts of a shared host cancel), the ratio of the medians, and
+where the time goes: per mode the median window phase (start to the stop of the profiler, with
+``events()`` and the free for bare), the first step after the window (when rankscope's sender
+converts it), the rest of the trail (when it is produced); and with ``--broker-pid`` the broker's
+CPU per run (on this host it shares the cores with the ranks; in production it runs elsewhere).
+
 DDP keeps the ranks in lockstep, so every rank profiles the same steps. ``--wait-ms`` adds a wait
 with the GIL released to every step (a GPU job's CPU thread spends much of a step waiting on its
 stream), so the machine's cores are not all busy training.
@@ -43,8 +50,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=192)
     p.add_argument("--wait-ms", type=float, default=0.0,
                    help="each step also waits this long with the GIL released, as a GPU job waits on its stream")
+    p.add_argument("--broker-pid", type=int, default=0, help="measure this process's CPU per run (the local broker)")
     p.add_argument("--result-file", required=True)
     return p.parse_args(argv)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (0: none), from /proc."""
+    if not pid:
+        return 0.0
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(wait_s)
         tracer.step()
 
-    phases: dict[str, list[list[float]]] = {"bare": [], "rankscope": []}   # [window, trail, wait] per run
+    phases: dict[str, list[list[float]]] = {"bare": [], "rankscope": []}   # [window, 1st trail step, rest, wait]
 
     def run_none() -> float:
         t0 = time.perf_counter()
@@ -96,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         prof.profiler.kineto_results = None    # done with the window: its results are freed here, timed
         del prof                               # (rankscope frees them on its sender thread)
         t1 = time.perf_counter()
-        for _ in range(args.trail):
+        train_step()
+        t1b = time.perf_counter()
+        for _ in range(args.trail - 1):
             train_step()
         t2 = time.perf_counter()
-        phases["bare"].append([t1 - t0, t2 - t1, 0.0])
+        phases["bare"].append([t1 - t0, t1b - t1, t2 - t1b, 0.0])
         return t2 - t0
 
     windows = tracer.windows
@@ -114,12 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.window):
             train_step()
         t1 = time.perf_counter()
-        for _ in range(args.trail):
+        train_step()
+        t1b = time.perf_counter()
+        for _ in range(args.trail - 1):
             train_step()
         t2 = time.perf_counter()
         windows.drain(60)           # shipped: conversion and producing are included
         elapsed = time.perf_counter() - t0
-        phases["rankscope"].append([t1 - t0, t2 - t1, t0 + elapsed - t2])
+        phases["rankscope"].append([t1 - t0, t1b - t1, t2 - t1b, t0 + elapsed - t2])
         ship.append(windows.last_ship_s)
         stages.append(windows.last_ship_cpu_stages)
         if windows.windows_done != done + 1:
@@ -129,19 +155,28 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(10):
         train_step()
     runs: dict[str, list[float]] = {"none": [], "bare": [], "rankscope": []}
+    broker_s: dict[str, list[float]] = {"none": [], "bare": [], "rankscope": []}
     modes = ["none", "bare", "rankscope"]
     for k in range(args.repeats):
         for m in modes[k % 3:] + modes[:k % 3]:
             gc.collect()            # untimed: no run pays for the garbage of the one before
+            b0 = _cpu_s(args.broker_pid)
             runs[m].append(run_none() if m == "none" else run_bare() if m == "bare" else run_rankscope(k))
+            time.sleep(0.05)        # untimed: what the broker does with this run's messages counts for it
+            broker_s[m].append(_cpu_s(args.broker_pid) - b0)
     tracer.close()
     if rank == 0:
         med = {m: statistics.median(v) for m, v in runs.items()}
         out: dict[str, Any] = {"runs_s": runs, "median_s": med, "window_steps": args.window,
-                               "trail_steps": args.trail, "window_ratio": med["rankscope"] / med["bare"],
+                               "trail_steps": args.trail,
+                               "window_ratio": statistics.median(r / b for r, b in zip(runs["rankscope"], runs["bare"],
+                                                                                       strict=True)),
+                               "window_ratio_of_medians": med["rankscope"] / med["bare"],
                                "bare_vs_none": med["bare"] / med["none"],
-                               "median_phases_s": {m: [statistics.median(p[i] for p in v) for i in range(3)]
+                               "median_phases_s": {m: [statistics.median(p[i] for p in v) for i in range(4)]
                                                    for m, v in phases.items()},
+                               "broker_cpu_s_per_run": {m: statistics.fmean(v) for m, v in broker_s.items()}
+                               if args.broker_pid else None,
                                "median_ship_wall_s": statistics.median(w for w, _ in ship),
                                "median_ship_cpu_s": statistics.median(c for _, c in ship),
                                "median_ship_cpu_stages_s": {k: statistics.median(d[k] for d in stages)
