@@ -1,7 +1,9 @@
 """Where a planned trace window starts: one step for every rank of a job (shared by ``rankscope
 trace`` and the processors' automatic windows). Ranks start at the boundary before that step
 (producers/trace_window.py); a start by wall-clock time alone races between ranks whose step
-boundaries straddle it.
+boundaries straddle it. For the same reason a periodic schedule by time (``--every 10m``) becomes a
+period in steps at the job's current step time (:func:`steps_per_period`): every rank then opens
+its later windows at the same steps too.
 """
 
 from __future__ import annotations
@@ -23,3 +25,14 @@ def plan_start_step(rows: list[dict[str, Any]], now_ns: int, lead_ns: int, margi
         ahead = max(0, now_ns + lead_ns - ts) // median
         best = max(best, step + 1 + ahead + margin_steps)
     return best
+
+
+def steps_per_period(rows: list[dict[str, Any]], every_s: float, window_steps: int) -> int:
+    """A period of ``every_s`` seconds in steps at the job's step time (the median of its ranks'
+    ``median_step_ns``), at least ``window_steps``; 0 when no rank has a step time yet."""
+    times = sorted(r["median_step_ns"] for r in rows
+                   if isinstance(r.get("median_step_ns"), int) and r["median_step_ns"] > 0)
+    if not times or every_s <= 0:
+        return 0
+    step_ns = times[len(times) // 2]
+    return max(window_steps, round(every_s * 1e9 / step_ns))

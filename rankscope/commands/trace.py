@@ -18,7 +18,7 @@ from typing import Any
 
 from rankscope.config import Settings
 from rankscope.topics import Topic
-from rankscope.trace_start import START_LEAD_NS, plan_start_step
+from rankscope.trace_start import START_LEAD_NS, plan_start_step, steps_per_period
 from rankscope.wire import Envelope, WireError, decode, encode
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -134,9 +134,10 @@ def iter_acks(consumer: Any, request_id: str, deadline: float, job: str | None =
 
 
 def build_request(args: argparse.Namespace, ranks: list[int] | None, request_id: str, job: str,
-                  first_step: int = 0) -> bytes:
+                  first_step: int = 0, period_steps: int = 0) -> bytes:
     """The control message; ``first_step`` > 0 makes every rank start at that step
-    (:func:`rankscope.trace_start.plan_start_step`)."""
+    (:func:`rankscope.trace_start.plan_start_step`); ``period_steps`` > 0 sends ``--every DURATION``
+    as that many steps (:func:`rankscope.trace_start.steps_per_period`), else as seconds."""
     if args.stop:
         command, cargs = "stop", {}
     else:
@@ -144,7 +145,9 @@ def build_request(args: argparse.Namespace, ranks: list[int] | None, request_id:
                                  "byte_budget": args.byte_budget}
         if first_step > 0:
             cargs.update(start_step=first_step, lead_ns=START_LEAD_NS)
-        if args.every:
+        if args.every and period_steps > 0:
+            cargs["every_steps"] = period_steps
+        elif args.every:
             cargs["every_s"] = parse_duration(args.every)
         if args.every_steps:
             cargs["every_steps"] = args.every_steps
@@ -211,10 +214,15 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
     consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in md.topics[topic].partitions])
     consumer.poll(0.5)  # take the assignment before producing, so no ack is missed
     producer = Producer({"bootstrap.servers": settings.bootstrap})
-    producer.produce(topic, key=args.job.encode(), value=build_request(args, ranks, request_id, args.job,
-                                                                    plan_start_step(stats[args.job], time.time_ns(), START_LEAD_NS)))
+    period = steps_per_period(stats[args.job], parse_duration(args.every), args.steps) if args.every else 0
+    producer.produce(topic, key=args.job.encode(),
+                     value=build_request(args, ranks, request_id, args.job,
+                                         plan_start_step(stats[args.job], time.time_ns(), START_LEAD_NS), period))
     producer.flush(10)
     print(f"request {request_id} sent to job {args.job} ranks {targets}", flush=True)
+    if period:
+        print(f"--every {args.every} = every {period} steps at the job's current step time "
+              "(so that every rank traces the same steps)", flush=True)
     status: dict[int, str] = {}
     done: set[int] = set()
     deadline = time.monotonic() + args.timeout

@@ -8,7 +8,7 @@ import pytest
 
 from producers.control import START_STEP_MAX_WAIT_NS, ControlError, parse_trace_request
 from producers.trace_window import WindowController
-from rankscope.trace_start import plan_start_step
+from rankscope.trace_start import plan_start_step, steps_per_period
 
 
 class _FakeProfiler:
@@ -110,3 +110,42 @@ def test_a_periodic_schedule_starts_at_its_start_step_too() -> None:
     assert begun == []
     wc.on_step(19)                      # long before the lead time: the step decides
     assert begun == [20]
+
+
+def test_a_period_in_time_becomes_a_period_in_steps() -> None:
+    ms = 10**6
+    rows = [{"rank": r, "step": 100, "ts_ns": 0, "median_step_ns": t * ms} for r, t in enumerate((10, 12, 50))]
+    assert steps_per_period(rows, 60.0, 3) == 5000          # 60 s at the median 12 ms per step
+    assert steps_per_period(rows, 0.01, 3) == 3             # never shorter than the window
+    assert steps_per_period([{"rank": 0, "median_step_ns": 0}], 60.0, 3) == 0    # no step time yet
+    assert steps_per_period([], 60.0, 3) == 0
+
+
+def test_the_cli_sends_a_time_period_as_steps_when_it_can() -> None:
+    import argparse
+
+    from rankscope.commands.trace import build_request
+    from rankscope.wire import decode
+
+    args = argparse.Namespace(stop=False, steps=3, shapes=False, no_stack=False, byte_budget=0, every="10m",
+                              every_steps=0, continuous=False)
+    body = decode(build_request(args, None, "r", "job", first_step=50, period_steps=40_000)).body
+    assert body["args"]["every_steps"] == 40_000 and "every_s" not in body["args"]
+    body = decode(build_request(args, None, "r", "job")).body     # no step time known: by the clock
+    assert body["args"]["every_s"] == 600.0 and "every_steps" not in body["args"]
+
+
+def test_every_rank_opens_the_later_windows_of_a_step_period_at_the_same_steps() -> None:
+    starts = []
+    for offset_ns in (0, 7 * 10**6):         # two ranks whose clocks and step times differ
+        now = [1_000 + offset_ns]
+        wc, begun, _ = _controller(now)
+        wc.handle("trace", "r", {"steps": 2, "every_steps": 10, "start_step": 20, "lead_ns": 0}, None, now[0])
+        for step in range(15, 60):
+            now[0] += 9 * 10**6 if offset_ns else 11 * 10**6
+            wc.on_step(step)
+            if wc._active is not None:      # the window runs its 2 steps (sending is not part of this test)
+                wc._active = None
+                wc._rearm()
+        starts.append(begun)
+    assert starts[0] == starts[1] == [20, 30, 40, 50, 60]
