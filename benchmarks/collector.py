@@ -70,7 +70,7 @@ def window_overhead(settings: Settings) -> dict[str, Any]:
     events per step, in longer steps); and the small MLP with a 20 ms wait per step with the GIL
     released (``_wait``: like a GPU job whose CPU thread waits on its stream, cores not saturated)."""
     metrics: dict[str, Any] = {"trail_steps": TRAIL_STEPS, "ddp_ranks": 2}
-    for size, suffix, repeats, wait_ms in ((192, "", DDP_REPEATS, 0.0), (512, "_512", 5, 0.0),
+    for size, suffix, repeats, wait_ms in ((192, "", DDP_REPEATS, 0.0), (512, "_512", 9, 0.0),
                                            (192, "_wait", 7, WAIT_MS)):
         res = _window_job(settings, size, repeats, wait_ms)
         med = res["median_s"]
@@ -111,13 +111,14 @@ def _record_window() -> Any:
 def conversion_costs(settings: Settings) -> dict[str, Any]:
     """Per-event cost of each stage on the sender thread, for a real window, median of 5: torch's
     ``events()`` list (what the Python reader starts from), the Python reader on top of it, the C++
-    reader (``native_extract``, none when not built), columns, summary, chunks."""
+    reader (``native_extract``, none when not built), columns, summary, chunks; and columns plus
+    summary with the C++ kernels (``native_columnar_summarize``)."""
     from producers.native_extract import load_native
     from producers.trace_events import chunk, extract_raw, summarize, to_columnar
 
     native = load_native(settings.cache_dir)
     stages: dict[str, list[float]] = {"events": [], "extract": [], "native_extract": [], "columnar": [],
-                                      "summarize": [], "chunk": []}
+                                      "summarize": [], "chunk": [], "native_columnar_summarize": []}
     n = 0
     for _ in range(5):
         prof = _record_window()
@@ -135,11 +136,15 @@ def conversion_costs(settings: Settings) -> dict[str, Any]:
         t4 = time.perf_counter()
         chunk(col, 1 << 31)
         t5 = time.perf_counter()
+        if native is not None:
+            summarize(to_columnar(raw, "w", 0, native=native), native=native, compact_paths=True)
+        t6 = time.perf_counter()
         n = len(raw)
-        for k, dt in zip(stages, (t1 - t0, t2 - t1 - (t1 - t0), tn - t2, t3 - tn, t4 - t3, t5 - t4), strict=True):
+        for k, dt in zip(stages, (t1 - t0, t2 - t1 - (t1 - t0), tn - t2, t3 - tn, t4 - t3, t5 - t4, t6 - t5),
+                         strict=True):
             stages[k].append(dt)
     if native is None:
-        del stages["native_extract"]
+        del stages["native_extract"], stages["native_columnar_summarize"]
     out: dict[str, Any] = {"window_events": n}
     for k, v in stages.items():
         out[f"{k}_us_per_event"] = statistics.median(v) / n * 1e6
