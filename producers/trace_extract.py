@@ -62,6 +62,11 @@ DEVICE_TYPES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annota
 _DAY_NS = 86_400 * 10**9
 
 
+# The entry functions of the tracer's threads (producers/*.py), as the profiler names python frames.
+OWN_THREAD_ENTRY = re.compile(r"(^|/)producers/(?:(?:transport|control|hw)\.py\(\d+\): _run|tracer\.py\(\d+\): "
+                              r"_heartbeat_loop|trace_window\.py\(\d+\): _work_loop)$")
+
+
 class RawEvents:
     """The events of one window, as column lists in three groups.
 
@@ -91,6 +96,50 @@ class RawEvents:
 
     def __len__(self) -> int:
         return len(self.py["name"]) + len(self.host["name"]) + len(self.dev["name"])
+
+    def without_threads(self, tids: set[int]) -> tuple[RawEvents, int]:
+        """These events less those of the tracer's own threads, and how many were left out: host and
+        python events on threads ``tids``, and python frames under a tracer thread's entry function
+        wherever the profiler put them (it files the stacks that are open when it starts under the
+        thread that starts it). Device events stay. Returns ``self`` when nothing matches."""
+        import numpy as np
+
+        py_tid = np.asarray(self.py["tid"], dtype=np.int64)
+        keep_py = ~np.isin(py_tid, list(tids))
+        entry = [i for i, n in enumerate(self.names) if "producers/" in n and OWN_THREAD_ENTRY.search(n)]
+        if entry and len(py_tid):
+            own = np.isin(np.asarray(self.py["name"], dtype=np.int64), entry)
+            if own.any():       # and every frame below one (a parent has a lower id: see _call_paths)
+                ids = np.asarray(self.py["py_id"], dtype=np.int64)
+                parents = np.asarray(self.py["py_parent"], dtype=np.int64)
+                o = np.argsort(ids, kind="stable")
+                pos = np.minimum(np.searchsorted(ids[o], parents), len(ids) - 1)
+                parent = np.where((parents >= 0) & (ids[o][pos] == parents) & (parents < ids), o[pos], -1)
+                while True:
+                    grown = own | ((parent >= 0) & own[np.maximum(parent, 0)])
+                    if (grown == own).all():
+                        break
+                    own = grown
+                # And the threading.py frames that started those threads.
+                boot = np.isin(np.asarray(self.py["name"], dtype=np.int64),
+                               [i for i, n in enumerate(self.names) if n.startswith("threading.py(")])
+                up = parent[own & (parent >= 0)]
+                while len(up):
+                    up = up[boot[up] & ~own[up]]
+                    own[up] = True
+                    up = parent[up][parent[up] >= 0]
+                keep_py &= ~own
+        keep_host = ~np.isin(np.asarray(self.host["tid"], dtype=np.int64), list(tids))
+        dropped = int((~keep_py).sum() + (~keep_host).sum())
+        if not dropped:
+            return self, 0
+        out = RawEvents(self.offset_ns)
+        out.names, out.name_index, out.dev, out.dev_attrs = self.names, self.name_index, self.dev, self.dev_attrs
+        out.py = {c: np.asarray(v, dtype=np.int64)[keep_py] for c, v in self.py.items()}
+        out.host = {c: np.asarray(v, dtype=np.int64)[keep_host] for c, v in self.host.items()}
+        new_row = np.cumsum(keep_host) - 1
+        out.host_attrs = {int(new_row[r]): a for r, a in self.host_attrs.items() if keep_host[r]}
+        return out, dropped
 
     def intern(self, name: str) -> int:
         i = self.name_index.get(name)

@@ -233,6 +233,7 @@ class WindowController:
         read = self._read_window or extract_raw
         raw = read(act.profiler)  # off the training thread: the profiler has stopped
         act.profiler = None
+        raw, own_events = raw.without_threads(own_thread_ids())   # rankscope's own threads are not the job
         cpu.append(time.thread_time())
         budget = act.request.byte_budget or self._byte_budget
         status = "stopped" if act.stop_requested else "complete"
@@ -250,7 +251,7 @@ class WindowController:
         for body in out.traces:
             self._send_trace("trace", body)
         body = out.summary
-        body.update(request_id=act.request.request_id, request_ranks=act.request.ranks)
+        body.update(request_id=act.request.request_id, request_ranks=act.request.ranks, own_events_dropped=own_events)
         self._send_summary("summary", body)
         cpu.append(time.thread_time())
         self.last_ship_s = (time.perf_counter() - wall0, cpu[-1] - cpu[0])
@@ -272,6 +273,13 @@ class WindowController:
         deadline = time.monotonic() + timeout_s
         while self._work.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.002)
+
+
+def own_thread_ids() -> set[int]:
+    """Native ids of the tracer's live threads (all named ``rankscope-*``): their Python frames are
+    the tracer's, left out of windows so that reports and flame graphs show the job alone."""
+    return {t.native_id for t in threading.enumerate()
+            if t.name.startswith("rankscope-") and t.native_id is not None}
 
 
 def _start_due(req: TraceRequest, now_ns: int, completed_step: int) -> bool:

@@ -109,6 +109,12 @@ def test_window_covers_exactly_the_requested_steps(traced_job: tuple[Settings, S
     steps = store.query_rows("SELECT DISTINCT step FROM rankscope.trace_events WHERE job = {job:String} AND "
                              "window_id = {w:String} AND step >= 0 ORDER BY step", parameters={"job": job, "w": window_id})
     assert [s[0] for s in steps] == list(range(rows[0][2], rows[0][3] + 1))
+    # The tracer's own threads (heartbeat, transport, hw sampler, control, sender) are not the job's.
+    own = store.query_rows(
+        "SELECT rank, name FROM rankscope.trace_events WHERE job = {job:String} AND window_id = {w:String} "
+        "AND category = 'python' AND match(name, '_heartbeat_loop|_work_loop|transport.py\\(\\d+\\): _run')",
+        parameters={"job": job, "w": window_id})
+    assert own == [], own[:5]
     # On-rank summaries agree with the raw events they summarise.
     mismatch = store.query_rows(
         "SELECT s.rank, s.category, s.name, s.count, s.total_ns, e.n, e.total FROM rankscope.function_summaries AS s FINAL "

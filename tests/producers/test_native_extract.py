@@ -202,3 +202,78 @@ def test_a_failing_native_reader_falls_back_to_python(caplog: pytest.LogCaptureF
         assert _as_lists(reader(prof)) == expected
     assert reader.native is None
     assert sum("C++ trace reader failed" in r.message for r in caplog.records) == 1
+
+
+def test_the_tracers_own_threads_are_left_out_of_windows() -> None:
+    import threading
+    import time
+
+    from producers.trace_window import own_thread_ids
+
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.is_set():
+            sum(range(200))
+            time.sleep(0.001)
+
+    ours = threading.Thread(target=busy, name="rankscope-test-busy", daemon=True)
+    theirs = threading.Thread(target=busy, name="dataloader-like", daemon=True)
+    ours.start()
+    theirs.start()
+    time.sleep(0.02)
+    try:
+        prof = profile(activities=[ProfilerActivity.CPU], with_stack=True)
+        prof.start()
+        for _ in range(3):
+            torch.randn(32, 32).mm(torch.randn(32, 32))
+            time.sleep(0.01)
+        prof.stop()
+        tids = own_thread_ids()
+    finally:
+        stop.set()
+        ours.join()
+        theirs.join()
+    assert ours.native_id in tids and theirs.native_id not in tids
+    raw = extract_raw(prof)
+    py_tids = [int(t) for t in raw.py["tid"]]
+    assert ours.native_id in py_tids and theirs.native_id in py_tids
+    kept, dropped = raw.without_threads(tids)
+    assert dropped == py_tids.count(ours.native_id) + [int(t) for t in raw.host["tid"]].count(ours.native_id)
+    assert ours.native_id not in {int(t) for t in kept.py["tid"]}
+    assert theirs.native_id in {int(t) for t in kept.py["tid"]}
+    assert len(kept) == len(raw) - dropped
+    assert raw.without_threads(set()) == (raw, 0)
+
+
+def test_leaving_out_threads_keeps_the_attrs_of_the_other_rows() -> None:
+    raw = RawEvents.from_dicts([
+        {"type": "cpu_op", "name": "aten::mm", "start_ns": 1, "dur_ns": 5, "tid": 7},
+        {"type": "user_annotation", "name": "gloo:all_reduce", "start_ns": 2, "dur_ns": 5, "tid": 9,
+         "shapes": [[4]], "dtypes": ["float"]},
+        {"type": "user_annotation", "name": "gloo:broadcast", "start_ns": 3, "dur_ns": 5, "tid": 8,
+         "shapes": [[2]], "dtypes": ["float"]},
+    ])
+    kept, dropped = raw.without_threads({9})
+    assert dropped == 1 and [int(t) for t in kept.host["tid"]] == [7, 8]
+    assert list(kept.host_attrs) == [1] and kept.host_attrs[1] == raw.host_attrs[2]
+    a, b = to_columnar(kept, "w", 0), to_columnar(raw, "w", 0)
+    assert len(a["events"]["category"]) == len(b["events"]["category"]) - 1
+
+
+def test_stacks_of_tracer_threads_filed_under_another_thread_are_left_out_too() -> None:
+    # The profiler files the stacks open at its start under the thread that starts it.
+    def frame(name: str, py_id: int, parent: int, tid: int = 5) -> dict[str, Any]:
+        return {"type": "python_function", "name": name, "start_ns": py_id, "dur_ns": 100 - py_id, "tid": tid,
+                "py_id": py_id, "py_parent": parent}
+
+    raw = RawEvents.from_dicts([
+        frame("threading.py(1002): _bootstrap", 1, -1), frame("threading.py(982): run", 2, 1),
+        frame("producers/transport.py(115): _run", 3, 2), frame("threading.py(331): wait", 4, 3),
+        frame("train.py(3): main", 5, -1), frame("train.py(9): step", 6, 5),
+        frame("threading.py(1002): _bootstrap", 7, -1, tid=6), frame("loader.py(2): worker", 8, 7, tid=6),
+    ])
+    kept, dropped = raw.without_threads(set())
+    assert dropped == 4
+    assert [kept.names[int(i)] for i in kept.py["name"]] == [
+        "train.py(3): main", "train.py(9): step", "threading.py(1002): _bootstrap", "loader.py(2): worker"]
