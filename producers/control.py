@@ -16,6 +16,7 @@ from typing import Any
 
 import msgpack
 
+from producers.untraced import leave_profiler
 from rankscope.wire import WireError, decode
 
 log = logging.getLogger("rankscope.control")
@@ -121,6 +122,7 @@ class ControlListener:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
         while not self._stop.is_set():
+            leave_profiler()
             try:
                 msg = self._consumer.poll(0.5)
             except Exception as e:

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from producers.identity import RankIdentity
+from producers.untraced import leave_profiler
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 
@@ -697,6 +698,7 @@ class HardwareSampler:
                 return
             next_at = time.monotonic()
             while not self._stopping:
+                leave_profiler()
                 self.sample_once()
                 now = time.monotonic()
                 period = self.fast_period_s if self._fast else self.period_s

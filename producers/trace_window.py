@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from producers.control import START_STEP_MAX_WAIT_NS, ControlError, TraceRequest, parse_trace_request
+from producers.untraced import leave_profiler
 
 log = logging.getLogger("rankscope.trace")
 
@@ -215,6 +216,7 @@ class WindowController:
     def _work_loop(self) -> None:
         while True:
             act, end_ns = self._work.get()
+            leave_profiler()     # a continuous schedule's next window may already be running
             try:
                 self._ship(act, end_ns)
             except Exception as e:

@@ -38,6 +38,7 @@ from producers.native_extract import WindowReader
 from producers.stacks import all_thread_stacks
 from producers.trace_window import WindowController
 from producers.transport import Transport
+from producers.untraced import leave_profiler
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.topics import Topic
@@ -249,6 +250,7 @@ class Tracer:
         flush_period = min(0.5, period)
         last_hb = 0.0
         while not self._stop.wait(flush_period):
+            leave_profiler()
             try:
                 self._send_steps()
                 now = self.clock.monotonic()

@@ -15,6 +15,8 @@ import os
 import threading
 from typing import Any
 
+from producers.untraced import leave_profiler
+
 log = logging.getLogger("rankscope.transport")
 
 
@@ -110,6 +112,7 @@ class Transport:
 
     def _run(self) -> None:
         while not self._closed:
+            leave_profiler()
             with self._cond:
                 if not self._queue:
                     self._cond.wait(0.1)

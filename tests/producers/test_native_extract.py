@@ -277,3 +277,38 @@ def test_stacks_of_tracer_threads_filed_under_another_thread_are_left_out_too() 
     assert dropped == 4
     assert [kept.names[int(i)] for i in kept.py["name"]] == [
         "train.py(3): main", "train.py(9): step", "threading.py(1002): _bootstrap", "loader.py(2): worker"]
+
+
+def test_a_thread_that_leaves_the_profiler_is_not_traced() -> None:
+    import threading
+    import time
+
+    from producers.untraced import leave_profiler
+
+    stop = threading.Event()
+
+    def loop(leave: bool) -> None:
+        while not stop.is_set():
+            if leave:
+                leave_profiler()
+            sum(abs(i) for i in range(100))
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=loop, args=(leave,), daemon=True) for leave in (False, True)]
+    for t in threads:
+        t.start()
+    time.sleep(0.02)
+    try:
+        prof = profile(activities=[ProfilerActivity.CPU], with_stack=True)
+        prof.start()
+        for _ in range(3):
+            torch.randn(32, 32).mm(torch.randn(32, 32))
+            time.sleep(0.01)
+        prof.stop()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    py_tids = [int(t) for t in extract_raw(prof).py["tid"]]
+    traced, left = py_tids.count(threads[0].native_id), py_tids.count(threads[1].native_id)
+    assert traced > 1000 and left < 20     # only the frames open when the window started
