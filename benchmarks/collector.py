@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import json
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -46,7 +47,23 @@ def _train_step(model: torch.nn.Module, x: torch.Tensor) -> None:
     model(x).square().mean().backward()
 
 
-def _window_job(settings: Settings, size: int, repeats: int, wait_ms: float = 0.0) -> dict[str, Any]:
+def _window_job(settings: Settings, size: int, repeats: int, wait_ms: float = 0.0, tries: int = 3) -> dict[str, Any]:
+    """The job's result, after up to ``tries`` runs: a rank of this job dies with SIGSEGV about once
+    in 6-10 jobs, with the code of the start of stop 10 too (not diagnosed yet); every failure is
+    kept in the result's ``failures`` (the job log's tail), not hidden."""
+    failures: list[str] = []
+    for _ in range(tries):
+        try:
+            res = _window_job_once(settings, size, repeats, wait_ms)
+        except RuntimeError as e:
+            failures.append(str(e))
+            continue
+        res["failures"] = failures
+        return res
+    raise RuntimeError(f"window overhead job failed {tries} times; the last:\n{failures[-1]}")
+
+
+def _window_job_once(settings: Settings, size: int, repeats: int, wait_ms: float = 0.0) -> dict[str, Any]:
     from rankscope.broker import LocalBroker
 
     out = Path(tempfile.mkdtemp()) / "window.json"
@@ -54,9 +71,11 @@ def _window_job(settings: Settings, size: int, repeats: int, wait_ms: float = 0.
     proc = torchrun(settings, f"win-{uuid.uuid4().hex[:6]}", "--repeats", str(repeats), "--window",
                     str(WINDOW_STEPS), "--trail", str(TRAIL_STEPS), "--size", str(size), "--wait-ms", str(wait_ms),
                     "--broker-pid", str(broker_pid or 0), "--result-file", str(out), nproc=2,
-                    module="benchmarks.window_job")
+                    module="benchmarks.window_job", log=str(out.with_suffix(".log")))
     if proc.wait(1200) != 0:
-        raise RuntimeError("window overhead job failed")
+        tail = [ln for ln in out.with_suffix(".log").read_text(errors="replace").splitlines()
+                if "USDT" not in ln and "gpuGetDeviceCount" not in ln][-30:]
+        raise RuntimeError("window overhead job failed:\n" + "\n".join(tail))
     return json.loads(out.read_text())
 
 
@@ -87,7 +106,10 @@ def window_overhead(settings: Settings) -> dict[str, Any]:
             f"window_plus_trail_bare_s{suffix}": med["bare"],
             f"window_plus_trail_rankscope_s{suffix}": med["rankscope"], f"bare_profiler_vs_none{suffix}": res["bare_vs_none"],
             f"step_ms{suffix}": 1e3 * med["none"] / (WINDOW_STEPS + TRAIL_STEPS),
-            f"sender_cpu_ms_per_window{suffix}": 1e3 * res["median_ship_cpu_s"]})
+            f"sender_cpu_ms_per_window{suffix}": 1e3 * res["median_ship_cpu_s"],
+            f"window_job_failures{suffix}": len(res["failures"])})
+        for failure in res["failures"]:
+            print(f"collector: a window job{suffix} failed and was run again:\n{failure}", file=sys.stderr)
     return metrics
 
 
