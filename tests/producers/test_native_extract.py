@@ -204,23 +204,23 @@ def test_a_failing_native_reader_falls_back_to_python(caplog: pytest.LogCaptureF
     assert sum("C++ trace reader failed" in r.message for r in caplog.records) == 1
 
 
-def test_the_tracers_own_threads_are_left_out_of_windows() -> None:
+def _window_beside_threads(threads: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """A 3-op with_stack window recorded while threads named as ``threads``' keys loop in Python
+    (each value: a callable run at the top of every turn); returns it and the started threads."""
     import threading
     import time
 
-    from producers.trace_window import own_thread_ids
-
     stop = threading.Event()
 
-    def busy() -> None:
+    def loop(each_turn: Any) -> None:
         while not stop.is_set():
-            sum(range(200))
+            each_turn()
+            sum(abs(i) for i in range(100))
             time.sleep(0.001)
 
-    ours = threading.Thread(target=busy, name="rankscope-test-busy", daemon=True)
-    theirs = threading.Thread(target=busy, name="dataloader-like", daemon=True)
-    ours.start()
-    theirs.start()
+    started = {name: threading.Thread(target=loop, args=(fn,), name=name, daemon=True) for name, fn in threads.items()}
+    for t in started.values():
+        t.start()
     time.sleep(0.02)
     try:
         prof = profile(activities=[ProfilerActivity.CPU], with_stack=True)
@@ -229,16 +229,27 @@ def test_the_tracers_own_threads_are_left_out_of_windows() -> None:
             torch.randn(32, 32).mm(torch.randn(32, 32))
             time.sleep(0.01)
         prof.stop()
-        tids = own_thread_ids()
+        return prof, started
     finally:
         stop.set()
-        ours.join()
-        theirs.join()
+        for t in started.values():
+            t.join()
+
+
+def test_the_tracers_own_threads_are_left_out_of_windows() -> None:
+    from producers.trace_window import own_thread_ids
+
+    seen: list[set[int]] = []
+    prof, started = _window_beside_threads({"rankscope-test-busy": lambda: None,
+                                            "dataloader-like": lambda: None,
+                                            "rankscope-test-ids": lambda: seen.append(own_thread_ids())})
+    ours, theirs = started["rankscope-test-busy"], started["dataloader-like"]
+    tids = seen[-1]
     assert ours.native_id in tids and theirs.native_id not in tids
     raw = extract_raw(prof)
     py_tids = [int(t) for t in raw.py["tid"]]
     assert ours.native_id in py_tids and theirs.native_id in py_tids
-    kept, dropped = raw.without_threads(tids)
+    kept, dropped = raw.without_threads({ours.native_id})
     assert dropped == py_tids.count(ours.native_id) + [int(t) for t in raw.host["tid"]].count(ours.native_id)
     assert ours.native_id not in {int(t) for t in kept.py["tid"]}
     assert theirs.native_id in {int(t) for t in kept.py["tid"]}
@@ -280,35 +291,9 @@ def test_stacks_of_tracer_threads_filed_under_another_thread_are_left_out_too() 
 
 
 def test_a_thread_that_leaves_the_profiler_is_not_traced() -> None:
-    import threading
-    import time
-
     from producers.untraced import leave_profiler
 
-    stop = threading.Event()
-
-    def loop(leave: bool) -> None:
-        while not stop.is_set():
-            if leave:
-                leave_profiler()
-            sum(abs(i) for i in range(100))
-            time.sleep(0.001)
-
-    threads = [threading.Thread(target=loop, args=(leave,), daemon=True) for leave in (False, True)]
-    for t in threads:
-        t.start()
-    time.sleep(0.02)
-    try:
-        prof = profile(activities=[ProfilerActivity.CPU], with_stack=True)
-        prof.start()
-        for _ in range(3):
-            torch.randn(32, 32).mm(torch.randn(32, 32))
-            time.sleep(0.01)
-        prof.stop()
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
+    prof, started = _window_beside_threads({"traced": lambda: None, "left": leave_profiler})
     py_tids = [int(t) for t in extract_raw(prof).py["tid"]]
-    traced, left = py_tids.count(threads[0].native_id), py_tids.count(threads[1].native_id)
+    traced, left = py_tids.count(started["traced"].native_id), py_tids.count(started["left"].native_id)
     assert traced > 1000 and left < 20     # only the frames open when the window started
