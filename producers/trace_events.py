@@ -40,6 +40,7 @@ from producers.trace_extract import (  # noqa: F401  (re-exported)
     detect_clock_offset_ns,
     experimental_config,
     extract_raw,
+    frame_parents,
 )
 from rankscope.call_paths import expand_call_paths, path_strings  # noqa: F401  (re-exported)
 from rankscope.packed import narrowest_type, pack_int
@@ -86,11 +87,7 @@ def _call_paths(raw: RawEvents, py_names: np.ndarray, native: Any = None) -> tup
     if native is not None:
         path, t_parent, t_name = native.call_paths(ids, parents, py_names)
         return path, np.stack([t_parent, t_name], axis=1).tolist()
-    o = np.argsort(ids, kind="stable")
-    sid = ids[o]
-    pos = np.minimum(np.searchsorted(sid, parents), n - 1)
-    has = (parents >= 0) & (sid[pos] == parents) & (parents < ids)
-    parent = np.where(has, o[pos], -1)
+    parent = frame_parents(ids, parents)
     depth = np.zeros(n, dtype=np.int64)
     cur = parent
     while True:                 # ids strictly decrease up a chain: at most n rounds

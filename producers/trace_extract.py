@@ -67,6 +67,20 @@ OWN_THREAD_ENTRY = re.compile(r"(^|/)producers/(?:(?:transport|control|hw)\.py\(
                               r"_heartbeat_loop|trace_window\.py\(\d+\): _work_loop)$")
 
 
+def frame_parents(ids: Any, parents: Any) -> Any:
+    """Per python frame, the row of its parent frame or -1: the frame whose ``py_id`` is its
+    ``py_parent`` and is lower than its own id (the profiler numbers frames in call order; anything
+    else counts as a root, so garbage cannot make a cycle). int64 numpy arrays in and out."""
+    import numpy as np
+
+    if not len(ids):
+        return np.zeros(0, dtype=np.int64)
+    o = np.argsort(ids, kind="stable")
+    sid = ids[o]
+    pos = np.minimum(np.searchsorted(sid, parents), len(ids) - 1)
+    return np.where((parents >= 0) & (sid[pos] == parents) & (parents < ids), o[pos], -1)
+
+
 class RawEvents:
     """The events of one window, as column lists in three groups.
 
@@ -110,11 +124,8 @@ class RawEvents:
         if entry and len(py_tid):
             own = np.isin(np.asarray(self.py["name"], dtype=np.int64), entry)
             if own.any():       # and every frame below one (a parent has a lower id: see _call_paths)
-                ids = np.asarray(self.py["py_id"], dtype=np.int64)
-                parents = np.asarray(self.py["py_parent"], dtype=np.int64)
-                o = np.argsort(ids, kind="stable")
-                pos = np.minimum(np.searchsorted(ids[o], parents), len(ids) - 1)
-                parent = np.where((parents >= 0) & (ids[o][pos] == parents) & (parents < ids), o[pos], -1)
+                parent = frame_parents(np.asarray(self.py["py_id"], dtype=np.int64),
+                                       np.asarray(self.py["py_parent"], dtype=np.int64))
                 while True:
                     grown = own | ((parent >= 0) & own[np.maximum(parent, 0)])
                     if (grown == own).all():
