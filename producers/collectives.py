@@ -4,7 +4,7 @@ In synchronous training every rank waits for the slowest at each collective, so 
 same on all ranks; the slow rank is the one that waits least. We wrap the collective API (sync
 calls) and ``Work.wait`` (async calls) and add the blocked time to a per-thread accumulator that
 the tracer reads at each step boundary. Under DDP, :func:`register_ddp_hook` records when this
-rank's last gradient bucket became ready (its busy time), forwarding to the default all-reduce.
+rank's backward pass produced its last gradient (its busy time).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class CommTimer:
     def __init__(self) -> None:
         self._ns = 0
         self._lock = threading.Lock()
-        self.ddp_ready_ns: int = 0  # wall ns of the last DDP bucket ready in this step
+        self.ddp_ready_ns: int = 0  # wall ns when DDP's backward produced its last gradient this step
 
     def add(self, ns: int) -> None:
         with self._lock:
@@ -120,14 +120,28 @@ def uninstall(timer: CommTimer) -> None:
         _ACTIVE.remove(timer)
 
 
-def register_ddp_hook(model: Any, timer: CommTimer) -> None:
-    """Record when each gradient bucket becomes ready on this rank; forward to the default all-reduce."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+def register_ddp_hook(model: Any, timer: CommTimer) -> Any:
+    """Record when this rank's backward pass has produced its last gradient (its busy time).
 
-    # No annotations: DDP checks a hook's annotations against the real types, and with postponed
-    # evaluation of annotations they are strings.
-    def hook(state, bucket):  # type: ignore[no-untyped-def]
+    A gradient hook on the parameter autograd reaches last runs on the backward thread. That is the
+    first parameter the forward pass uses: the first registered one for nearly every model, which is
+    what DDP's own bucket order assumes. Returns the hook's handle (None when the model has no
+    trainable parameter).
+
+    Not a DDP comm hook: its all-reduce future needs a Python ``then`` callback, which runs on gloo's
+    (or NCCL's) worker thread. That thread has no Python thread state, so each callback creates and
+    deletes one. torch.profiler's ``with_stack`` stop walks the thread states without CPython's list
+    lock, and it crashed the rank (SIGSEGV) on a half-made one. A comm hook would also take the only
+    comm-hook slot a DDP model has from the user.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return None
+    first = params[0]
+
+    def _rankscope_last_grad_ready(*_args: Any) -> None:
         timer.ddp_ready_ns = time.time_ns()
-        return default_hooks.allreduce_hook(state, bucket)
 
-    model.register_comm_hook(None, hook)
+    if hasattr(first, "register_post_accumulate_grad_hook"):
+        return first.register_post_accumulate_grad_hook(_rankscope_last_grad_ready)
+    return first.register_hook(_rankscope_last_grad_ready)  # torch < 2.1: when the gradient is computed

@@ -90,6 +90,7 @@ class Tracer:
         self._pending: list[tuple[int, int, int, int]] = []
         self._recent = collections.deque(maxlen=32)
         self._comm = CommTimer()
+        self._ddp_hooks: list[Any] = []      # handles of watch_ddp's gradient hooks, removed at close
         if install_collective_timing:
             install(self._comm)
         self._stop = threading.Event()
@@ -149,10 +150,10 @@ class Tracer:
             pass
 
     def watch_ddp(self, model: Any) -> None:
-        """Under DDP, record when this rank's gradient buckets become ready (its busy time)."""
+        """Under DDP, record when this rank's backward pass produced its last gradient (its busy time)."""
         if self._ok:
             try:
-                register_ddp_hook(model, self._comm)
+                self._ddp_hooks.append(register_ddp_hook(model, self._comm))
             except Exception as e:
                 log.warning("rankscope: DDP hook not installed: %s", e)
 
@@ -172,6 +173,9 @@ class Tracer:
             self._send("exit", {"step": self._step, "reason": reason, "detail": detail[:2000]})
             self.transport.close(self.settings.flush_timeout_s)
             uninstall(self._comm)
+            for handle in self._ddp_hooks:
+                if handle is not None:
+                    handle.remove()
         except Exception:
             pass
 
