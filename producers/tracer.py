@@ -68,7 +68,7 @@ class Tracer:
         self._key = self.identity.job.encode()
         self.transport = transport or Transport(
             self.settings.bootstrap, queue_max=self.settings.queue_max,
-            client_id=f"rankscope-{self.identity.job}-{self.identity.rank}")
+            compression=self.settings.producer_compression, client_id=f"rankscope-{self.identity.job}-{self.identity.rank}")
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._control_topic = Topic.CONTROL.name_for(self.settings)

@@ -22,7 +22,7 @@ log = logging.getLogger("rankscope.transport")
 
 class Transport:
     def __init__(self, bootstrap: str, *, queue_max: int = 20000, client_id: str = "rankscope-rank",
-                 producer_config: dict[str, Any] | None = None) -> None:
+                 compression: str = "zstd", producer_config: dict[str, Any] | None = None) -> None:
         self._queue: collections.deque[tuple[str, bytes, bytes]] = collections.deque()
         self._queue_max = queue_max
         self._cond = threading.Condition()
@@ -41,7 +41,7 @@ class Transport:
                 "bootstrap.servers": bootstrap,
                 "client.id": client_id,
                 "linger.ms": 50,
-                "compression.type": "lz4",
+                "compression.type": compression,
                 "queue.buffering.max.messages": queue_max,
                 "queue.buffering.max.kbytes": 65536,
                 "message.timeout.ms": 300000,

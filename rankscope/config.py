@@ -28,6 +28,9 @@ def _default_cache_dir() -> str:
     return str(Path(base) / "rankscope")
 
 
+PRODUCER_COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
 @dataclass(frozen=True)
 class Settings:
     """All rankscope settings. See README "Settings" for each one."""
@@ -79,6 +82,7 @@ class Settings:
     stall_stack_min_s: float = 3.0
     flush_timeout_s: float = 5.0
     hw_sample_s: float = 1.0  # hardware sampling period; 0 = off
+    producer_compression: str = "zstd"  # Kafka compression of what ranks send: none, gzip, snappy, lz4, zstd
     trace_byte_budget: int = 8_000_000
     flight_steps: int = 256
     native_reader: bool = True  # read trace windows with the C++ reader when built (rankscope build-native)
@@ -100,6 +104,9 @@ class Settings:
                      "stall_stack_factor", "stall_stack_min_s"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds/factor, got {getattr(self, name)!r}")
+        if self.producer_compression not in PRODUCER_COMPRESSIONS:
+            raise ConfigError(f"producer_compression must be one of {', '.join(PRODUCER_COMPRESSIONS)}, "
+                              f"got {self.producer_compression!r}")
         if self.hw_sample_s < 0:
             raise ConfigError(f"hw_sample_s must be >= 0 (0 = off), got {self.hw_sample_s!r}")
         if not 0 <= self.straggler_min_rel < 10:

@@ -3,7 +3,7 @@
 A trace chunk carries ~10 integer columns per event. As msgpack int lists they cost one Python object
 per value to build and to read; as bytes they are one ``tobytes()`` / ``np.frombuffer`` per column
 and about as small (each column uses the narrowest of int8/16/32/64 that holds its values; Kafka's
-lz4 compresses the rest).
+compression, zstd by default, does the rest).
 
 Wire form: ``{"column_types": {column: "i1"|"i2"|"i4"|"i8"}, "events": {column: bytes, ...}}``.
 """

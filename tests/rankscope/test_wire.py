@@ -63,3 +63,6 @@ def test_settings_from_env_and_validation():
         Settings(topic_partitions=0)
     with pytest.raises(ConfigError, match="clickhouse_dsn"):
         Settings(clickhouse_dsn="mysql://x")
+    assert Settings.from_env({"RANKSCOPE_PRODUCER_COMPRESSION": "lz4"}).producer_compression == "lz4"
+    with pytest.raises(ConfigError, match="producer_compression must be one of none, gzip, snappy, lz4, zstd"):
+        Settings.from_env({"RANKSCOPE_PRODUCER_COMPRESSION": "brotli"})
