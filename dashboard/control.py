@@ -2,8 +2,8 @@
 
 :class:`WindowRequest` is validated up front; :func:`encode` builds the message with the CLI's own
 ``build_request``, so the dashboard and the CLI cannot drift apart. :func:`request_window` sends it
-to ``Topic.CONTROL`` and collects the ranks' acknowledgements (kind ``ack``: request_id, status,
-detail) for a few seconds. No Streamlit here.
+to ``Topic.CONTROL`` and collects the ranks' acknowledgements from ``Topic.REPLIES`` (kind ``ack``:
+request_id, status, detail) for a few seconds. No Streamlit here.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def request_window(settings: Settings, req: WindowRequest, wait_s: float = ACK_W
                    expect_ranks: Iterable[int] | None = None,
                    consumer_factory: Callable[[dict[str, Any]], Any] | None = None,
                    producer_factory: Callable[[dict[str, Any]], Any] | None = None) -> list[Ack]:
-    """Send ``req`` to the control topic and return the acks read within ``wait_s`` seconds.
+    """Send ``req`` to the control topic and return the acks read from the replies topic within ``wait_s`` seconds.
 
     Blocks for up to ``wait_s`` (plus broker round trips); returns early once every rank of
     ``expect_ranks`` has answered. The ack reader is placed at the end of the topic before the
@@ -105,17 +105,18 @@ def request_window(settings: Settings, req: WindowRequest, wait_s: float = ACK_W
     from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
 
     topic = Topic.CONTROL.name_for(settings)
+    replies = Topic.REPLIES.name_for(settings)
     conf = {"bootstrap.servers": settings.bootstrap}
     consumer = (consumer_factory or Consumer)({**conf, "group.id": f"rankscope-dash-{req.request_id}",
                                                "enable.auto.commit": False})
     try:
         try:
-            md = consumer.list_topics(topic, timeout=5)
-            parts = md.topics[topic].partitions if topic in md.topics else {}
-            if not parts or md.topics[topic].error is not None:
-                raise RuntimeError(f"control topic {topic} not found at {settings.bootstrap}; "
+            md = consumer.list_topics(replies, timeout=5)
+            parts = md.topics[replies].partitions if replies in md.topics else {}
+            if not parts or md.topics[replies].error is not None:
+                raise RuntimeError(f"replies topic {replies} not found at {settings.bootstrap}; "
                                    "is `rankscope up` running?")
-            consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in parts])
+            consumer.assign([TopicPartition(replies, p, OFFSET_END) for p in parts])
             consumer.poll(0.5)  # take the assignment before producing, so no ack is missed
             producer = (producer_factory or Producer)(conf)
             errors: list[str] = []

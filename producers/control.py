@@ -1,4 +1,4 @@
-"""Control channel on the rank: commands from the control topic, acknowledgements back.
+"""Control channel on the rank: commands from the control topic (acknowledgements go to the replies topic).
 
 A daemon thread reads every partition of the control topic from its end (no consumer group, so
 thousands of ranks cost the broker nothing extra), keeps the commands addressed to this job and
@@ -142,8 +142,8 @@ class ControlListener:
         """Decode one control message and dispatch it if it is for this rank. Never raises."""
         try:
             env = decode(payload)
-            if env.kind == "ack":
-                return
+            if env.kind in ("ack", "flight"):
+                return  # replies of ranks from before the replies topic (stop 11): not commands
             if env.kind != "control":
                 raise WireError("bad_body", f"kind {env.kind!r} on the control topic")
         except WireError as e:

@@ -72,6 +72,7 @@ class Tracer:
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._control_topic = Topic.CONTROL.name_for(self.settings)
+        self._replies_topic = Topic.REPLIES.name_for(self.settings)
         rank_key = f"{self.identity.job}/{self.identity.rank}".encode()
         self.windows = WindowController(
             send_trace=lambda kind, body: self._send_to(Topic.TRACES.name_for(self.settings), rank_key, kind, body),
@@ -201,7 +202,7 @@ class Tracer:
         self.transport.send(topic, key, encode(env))
 
     def _ack(self, request_id: str, status: str, detail: str, **extra: Any) -> None:
-        self._send_to(self._control_topic, self._key, "ack",
+        self._send_to(self._replies_topic, self._key, "ack",
                       {"request_id": request_id, "status": status, "detail": detail, **extra})
 
     def _on_control(self, command: str, request_id: str, args: dict[str, Any], ranks: list[int] | None,
@@ -214,7 +215,7 @@ class Tracer:
     def send_flight_record(self, request_id: str = "", reason: str = "requested") -> None:
         """Send the flight recorder: the last ``flight_steps`` step records and every thread's stack."""
         steps = [list(r) for r in list(self._flight)]
-        self._send_to(self._control_topic, self._key, "flight",
+        self._send_to(self._replies_topic, self._key, "flight",
                       {"steps": steps, "stacks": all_thread_stacks(skip_thread_ids={threading.get_ident()}),
                        "reason": reason, "request_id": request_id})
         if request_id:

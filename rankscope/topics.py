@@ -14,7 +14,9 @@ class Topic(enum.Enum):
     HW = "hw"                # hardware samples (msgpack, key = job/rank)
     TRACES = "traces"        # trace-window events (msgpack, key = job/rank)
     SUMMARIES = "summaries"  # per-window per-rank function summaries (msgpack, key = job)
-    CONTROL = "control"      # commands to ranks and their acks (msgpack, key = job)
+    CONTROL = "control"      # commands to ranks (msgpack, key = job); every rank of the job reads it
+    REPLIES = "replies"      # the ranks' answers: acks and flight records (msgpack, key = job); no rank
+                             # reads it, so a window's N acks are not fetched by N ranks (N^2 at scale)
     STATS = "stats"          # rolling per-worker statistics (msgpack, key = job)
     ALERTS = "alerts"        # alerts (JSON, documented schema, key = job)
     REPORTS = "reports"      # diagnosis reports (JSON, key = job)

@@ -208,10 +208,11 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
     targets = ranks if ranks is not None else job_ranks
     request_id = f"tw{uuid.uuid4().hex[:8]}"
     topic = Topic.CONTROL.name_for(settings)
+    replies = Topic.REPLIES.name_for(settings)
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rankscope-cli-{request_id}",
                          "enable.auto.commit": False})
-    md = consumer.list_topics(topic, timeout=10)
-    consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in md.topics[topic].partitions])
+    md = consumer.list_topics(replies, timeout=10)
+    consumer.assign([TopicPartition(replies, p, OFFSET_END) for p in md.topics[replies].partitions])
     consumer.poll(0.5)  # take the assignment before producing, so no ack is missed
     producer = Producer({"bootstrap.servers": settings.bootstrap})
     period = steps_per_period(stats[args.job], parse_duration(args.every), args.steps) if args.every else 0

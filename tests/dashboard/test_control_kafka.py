@@ -1,4 +1,4 @@
-"""dashboard.control against a real broker: the request reaches the control topic, acks come back."""
+"""dashboard.control against a real broker: the request reaches the control topic, acks come back on the replies topic."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ pytestmark = pytest.mark.kafka
 def _fake_ranks(settings, ranks: list[int], ready: threading.Event, seen: list) -> None:
     """Two 'ranks' that answer each control message with an ack, like producers/control.py."""
     topic = Topic.CONTROL.name_for(settings)
+    replies = Topic.REPLIES.name_for(settings)
     c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "fake-ranks", "enable.auto.commit": False})
     md = c.list_topics(topic, timeout=10)
     c.assign([TopicPartition(topic, p, OFFSET_END) for p in md.topics[topic].partitions])
@@ -39,7 +40,7 @@ def _fake_ranks(settings, ranks: list[int], ready: threading.Event, seen: list) 
                         "detail": f"rank {r} says hi"}
                 ack = Envelope(kind="ack", job=env.job, rank=r, host="h", pid=1, seq=1, sent_ns=time.time_ns(),
                                body=body)
-                p.produce(topic, key=env.job.encode(), value=encode(ack))
+                p.produce(replies, key=env.job.encode(), value=encode(ack))
             p.flush(10)
     finally:
         c.close()

@@ -152,7 +152,9 @@ def test_bad_requests_are_answered_and_the_job_goes_on(traced_job: tuple[Setting
     assert out.returncode == 2 and "bad rank range" in out.stderr
     # A malformed command (steps out of range) reaches the ranks and is rejected with a reason.
     control = TopicReader(settings, Topic.CONTROL)
+    replies = TopicReader(settings, Topic.REPLIES)
     control.poll(2.0)
+    replies.poll(1.0)
     before = store.query_rows("SELECT max(step) FROM rankscope.steps WHERE job = {job:String}",
                               parameters={"job": job})[0][0]
     producer = Producer({"bootstrap.servers": settings.bootstrap})
@@ -164,9 +166,9 @@ def test_bad_requests_are_answered_and_the_job_goes_on(traced_job: tuple[Setting
     producer.flush(10)
 
     def rejections() -> dict[str, set[int]]:
-        control.poll(1.0)
+        replies.poll(1.0)
         out: dict[str, set[int]] = {}
-        for v in control.values:
+        for v in replies.values:
             m = msgpack.unpackb(v)
             if m.get("kind") == "ack" and m["body"]["status"] == "rejected":
                 out.setdefault(m["body"]["request_id"], set()).add(m["rank"])
@@ -175,31 +177,40 @@ def test_bad_requests_are_answered_and_the_job_goes_on(traced_job: tuple[Setting
     got = wait_until(lambda: (lambda r: r if r.get("bad-steps") == {0, 1} and r.get("bad-shape") == {0, 1} else None)(
         rejections()), 60, "both ranks to reject both malformed commands")
     assert got
-    acks = [msgpack.unpackb(v) for v in control.values]
+    acks = [msgpack.unpackb(v) for v in replies.values]
     reasons = [m["body"]["detail"] for m in acks if m.get("kind") == "ack" and m["body"]["request_id"] == "bad-steps"]
     assert any("steps=-5" in r for r in reasons), reasons
+    # The ranks read the control topic, so it holds commands only: their answers are on the replies topic.
+    control.poll(1.0)
+    assert {msgpack.unpackb(v).get("kind") for v in control.values} == {"control"}
     control.close()
+    replies.close()
     wait_until(lambda: store.query_rows("SELECT max(step) FROM rankscope.steps WHERE job = {job:String}",
                                         parameters={"job": job})[0][0] > before + 50, 120, "the job to keep stepping")
 
 
 def test_flight_recorder_is_sent_on_request(traced_job: tuple[Settings, Store, str, Path]) -> None:
     settings, store, job, _ = traced_job
-    control = TopicReader(settings, Topic.CONTROL)
-    control.poll(2.0)
+    replies = TopicReader(settings, Topic.REPLIES)
+    replies.poll(2.0)
     producer = Producer({"bootstrap.servers": settings.bootstrap})
     env = Envelope(kind="control", job=job, rank=-1, host="t", pid=0, seq=1, sent_ns=time.time_ns(),
                    body={"command": "flight", "request_id": "fl-1", "ranks": [1], "args": {"reason": "test"}})
     producer.produce(Topic.CONTROL.name_for(settings), key=job.encode(), value=encode(env))
     producer.flush(10)
 
-    def flights() -> list[dict]:
-        control.poll(1.0)
-        return [m for m in (msgpack.unpackb(v) for v in control.values)
-                if m.get("kind") == "flight" and m["body"].get("request_id") == "fl-1"]
+    def answers(kind: str) -> list[dict]:
+        replies.poll(1.0)
+        return [m for m in (msgpack.unpackb(v) for v in replies.values)
+                if m.get("kind") == kind and m["body"].get("request_id") == "fl-1"]
 
-    got = wait_until(flights, 60, "a flight record from rank 1")
-    control.close()
+    got = wait_until(lambda: answers("flight"), 60, "a flight record from rank 1")
+    wait_until(lambda: answers("ack"), 60, "rank 1's ack of the flight request")
+    time.sleep(2.0)
+    # Only rank 1 answers, once. (When flight records went to the control topic, every rank of the
+    # job read rank 1's record as a malformed command and answered it with a 'rejected' ack.)
+    assert [(m["rank"], m["body"]["status"]) for m in answers("ack")] == [(1, "done")]
+    replies.close()
     assert [m["rank"] for m in got] == [1]
     body = got[0]["body"]
     assert len(body["steps"]) == settings.flight_steps  # the ring buffer is full after hundreds of steps
