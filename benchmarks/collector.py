@@ -32,6 +32,7 @@ from rankscope.config import Settings
 WINDOW_STEPS = 5
 TRAIL_STEPS = 20   # training goes on after a window while rankscope ships it in the background
 DDP_REPEATS = 31
+WINDOW_JOBS = 3    # jobs of the saturated set-up: its ratio moves 1.04-1.14 from job to job on 2 shared cores
 WAIT_MS = 20.0     # the "_wait" set-up: a GIL-released wait per step, as on a GPU
 
 
@@ -64,6 +65,28 @@ def _window_job(settings: Settings, size: int, repeats: int, wait_ms: float = 0.
     raise RuntimeError(f"window overhead job failed {tries} times; the last:\n{failures[-1]}")
 
 
+def _window_jobs(settings: Settings, size: int, repeats: int, wait_ms: float, jobs: int) -> dict[str, Any]:
+    """``jobs`` window jobs pooled: the median of all their per-repeat ratios (and of all their runs
+    per mode), the medians over jobs of the phases and of the sender's CPU, the broker's mean, and
+    each job's own ratio (``window_ratio_per_job``)."""
+    results = [_window_job(settings, size, repeats, wait_ms) for _ in range(jobs)]
+    if jobs == 1:
+        return {**results[0], "window_ratio_per_job": [results[0]["window_ratio"]]}
+    runs = {m: [v for r in results for v in r["runs_s"][m]] for m in ("none", "bare", "rankscope")}
+    med = {m: statistics.median(v) for m, v in runs.items()}
+    brokers = [r["broker_cpu_s_per_run"] for r in results if r.get("broker_cpu_s_per_run")]
+    return {
+        "runs_s": runs, "median_s": med,
+        "window_ratio": statistics.median(a / b for a, b in zip(runs["rankscope"], runs["bare"], strict=True)),
+        "window_ratio_of_medians": med["rankscope"] / med["bare"], "bare_vs_none": med["bare"] / med["none"],
+        "median_phases_s": {m: [statistics.median(r["median_phases_s"][m][i] for r in results) for i in range(4)]
+                            for m in ("bare", "rankscope")},
+        "broker_cpu_s_per_run": {m: statistics.fmean(b[m] for b in brokers) for m in brokers[0]} if brokers else None,
+        "median_ship_cpu_s": statistics.median(r["median_ship_cpu_s"] for r in results),
+        "failures": [f for r in results for f in r["failures"]],
+        "window_ratio_per_job": [round(r["window_ratio"], 3) for r in results]}
+
+
 def _window_job_once(settings: Settings, size: int, repeats: int, wait_ms: float = 0.0) -> dict[str, Any]:
     from rankscope.broker import LocalBroker
 
@@ -83,22 +106,23 @@ def _window_job_once(settings: Settings, size: int, repeats: int, wait_ms: float
 def window_overhead(settings: Settings) -> dict[str, Any]:
     """Training time of a window plus ``TRAIL_STEPS`` steps with a rankscope window against a bare
     torch.profiler window, on a 2-rank gloo DDP job (benchmarks/window_job.py), median of
-    ``DDP_REPEATS`` alternating runs (the median of the per-repeat ratios; the ratio of the medians
-    too), with where the time goes and the co-located broker's CPU per window; in three set-ups: the small MLP of the other benchmarks
+    ``DDP_REPEATS`` alternating runs, in each of ``WINDOW_JOBS`` jobs pooled for the first set-up (the
+    median of the per-repeat ratios, and each job's own; the ratio of the medians too), with where the time goes and the co-located broker's CPU per window; in three set-ups: the small MLP of the other benchmarks
     (~6 ms steps, the worst case: ~850 profiler events per ms of training, and both cores busy
     training, so any CPU the window costs anywhere shows); a 512-wide one (same ops, so the same
     events per step, in longer steps); and the small MLP with a 20 ms wait per step with the GIL
     released (``_wait``: like a GPU job whose CPU thread waits on its stream, cores not saturated)."""
     metrics: dict[str, Any] = {"trail_steps": TRAIL_STEPS, "ddp_ranks": 2}
-    for size, suffix, repeats, wait_ms in ((192, "", DDP_REPEATS, 0.0), (512, "_512", 9, 0.0),
-                                           (192, "_wait", 7, WAIT_MS)):
-        res = _window_job(settings, size, repeats, wait_ms)
+    for size, suffix, repeats, wait_ms, jobs in ((192, "", DDP_REPEATS, 0.0, WINDOW_JOBS), (512, "_512", 9, 0.0, 1),
+                                                 (192, "_wait", 7, WAIT_MS, 1)):
+        res = _window_jobs(settings, size, repeats, wait_ms, jobs)
         med = res["median_s"]
         ph = {m: [round(1e3 * v, 2) for v in p[:3]] for m, p in res["median_phases_s"].items()}
         broker = res.get("broker_cpu_s_per_run") or {}
         metrics.update({
             f"window_ratio{suffix}": res["window_ratio"],
             f"window_ratio_of_medians{suffix}": res["window_ratio_of_medians"],
+            f"window_ratio_per_job{suffix}": res["window_ratio_per_job"],
             **{f"{phase}_ms_{m}{suffix}": ph[m][i] for i, phase in enumerate(("window", "first_trail_step",
                                                                                 "rest_of_trail"))
                for m in ("bare", "rankscope")},
