@@ -10,6 +10,7 @@ way a deadlocked data loader or a stuck kernel would.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 
@@ -106,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         durations.sort()
         with open(args.result_file, "w") as f:
             f.write(str(durations[len(durations) // 2]))
+    # Free DDP (its reducer holds gloo work) while Python is fully alive: left to the interpreter's
+    # shutdown, gloo's thread freed that work as Python finalised and the process aborted
+    # ("terminate called without an active exception") in about 1 job in 4.
+    del model, opt
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
