@@ -65,3 +65,28 @@ def test_all_reduce_time_is_counted(gloo_group: None) -> None:
     finally:
         uninstall(timer)
     assert timer.take() > 0
+
+
+def test_tracer_removes_its_ddp_hook_at_close(gloo_group: None) -> None:
+    from producers.tracer import Tracer
+    from rankscope.config import Settings
+
+    class Sink:
+        dropped = 0
+
+        def send(self, *_a: object) -> bool:
+            return True
+
+        def close(self, timeout_s: float) -> None:
+            pass
+
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    tracer = Tracer(Settings(job_id="j", hw_sample_s=0, control_enabled=False), transport=Sink(),
+                    install_collective_timing=False, handle_signals=False)
+    tracer.watch_ddp(model)
+    model(torch.randn(4, 8)).sum().backward()
+    assert tracer._comm.ddp_ready_ns > 0
+    tracer.close()
+    tracer._comm.ddp_ready_ns = 0
+    model(torch.randn(4, 8)).sum().backward()
+    assert tracer._comm.ddp_ready_ns == 0       # the model outlives the tracer without its hook
