@@ -212,7 +212,13 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rankscope-cli-{request_id}",
                          "enable.auto.commit": False})
     md = consumer.list_topics(replies, timeout=10)
-    consumer.assign([TopicPartition(replies, p, OFFSET_END) for p in md.topics[replies].partitions])
+    meta = md.topics.get(replies)
+    if meta is None or meta.error is not None or not meta.partitions:
+        consumer.close()
+        print(f"rankscope trace: the replies topic {replies} is missing at {settings.bootstrap}, so no "
+              "acknowledgement could be read; create it with: rankscope kafka topics", file=sys.stderr)
+        return 2, ""
+    consumer.assign([TopicPartition(replies, p, OFFSET_END) for p in meta.partitions])
     consumer.poll(0.5)  # take the assignment before producing, so no ack is missed
     producer = Producer({"bootstrap.servers": settings.bootstrap})
     period = steps_per_period(stats[args.job], parse_duration(args.every), args.steps) if args.every else 0
