@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankscope.commands.trace import build_request, iter_acks, parse_ranks
+from rankscope.commands.trace import build_request, iter_acks, open_replies_reader, parse_ranks
 from rankscope.config import Settings
 from rankscope.topics import Topic
 
@@ -102,22 +102,17 @@ def request_window(settings: Settings, req: WindowRequest, wait_s: float = ACK_W
     request goes out, so no ack is missed. Raises RuntimeError when the topic is missing or the
     request cannot be delivered (confluent_kafka errors are wrapped, with the bootstrap address).
     """
-    from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
+    from confluent_kafka import KafkaException, Producer
 
     topic = Topic.CONTROL.name_for(settings)
-    replies = Topic.REPLIES.name_for(settings)
     conf = {"bootstrap.servers": settings.bootstrap}
-    consumer = (consumer_factory or Consumer)({**conf, "group.id": f"rankscope-dash-{req.request_id}",
-                                               "enable.auto.commit": False})
+    try:
+        consumer = open_replies_reader(settings, f"rankscope-dash-{req.request_id}", timeout_s=5,
+                                       consumer_factory=consumer_factory)
+    except KafkaException as e:
+        raise RuntimeError(f"Kafka at {settings.bootstrap}: {e}") from e
     try:
         try:
-            md = consumer.list_topics(replies, timeout=5)
-            parts = md.topics[replies].partitions if replies in md.topics else {}
-            if not parts or md.topics[replies].error is not None:
-                raise RuntimeError(f"replies topic {replies} not found at {settings.bootstrap}; "
-                                   "is `rankscope up` running?")
-            consumer.assign([TopicPartition(replies, p, OFFSET_END) for p in parts])
-            consumer.poll(0.5)  # take the assignment before producing, so no ack is missed
             producer = (producer_factory or Producer)(conf)
             errors: list[str] = []
             producer.produce(topic, key=req.job.encode(), value=encode(req),

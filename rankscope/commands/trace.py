@@ -117,6 +117,29 @@ def latest_stats(settings: Settings, timeout_s: float = 5.0) -> dict[str, list[d
     return jobs
 
 
+def open_replies_reader(settings: Settings, group_id: str, timeout_s: float = 10.0,
+                        consumer_factory: Any = None) -> Any:
+    """A consumer at the end of every partition of the replies topic, assigned before a request goes
+    out so that no ack is missed (the CLI's and the dashboard's). Raises RuntimeError naming the fix
+    when the topic is missing (a cluster set up before it existed)."""
+    from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+
+    replies = Topic.REPLIES.name_for(settings)
+    consumer = (consumer_factory or Consumer)({"bootstrap.servers": settings.bootstrap, "group.id": group_id,
+                                               "enable.auto.commit": False})
+    try:
+        meta = consumer.list_topics(replies, timeout=timeout_s).topics.get(replies)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise RuntimeError(f"the replies topic {replies} is missing at {settings.bootstrap}, so no "
+                               "acknowledgement can be read; create it with: rankscope kafka topics")
+        consumer.assign([TopicPartition(replies, p, OFFSET_END) for p in meta.partitions])
+        consumer.poll(0.5)  # take the assignment now
+    except BaseException:
+        consumer.close()
+        raise
+    return consumer
+
+
 def iter_acks(consumer: Any, request_id: str, deadline: float, job: str | None = None,
               poll_s: float = 0.2) -> Iterator[Envelope]:
     """The ``ack`` envelopes answering ``request_id`` (of ``job`` if given) read from ``consumer``
@@ -180,7 +203,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, str]:
-    from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+    from confluent_kafka import Producer
 
     try:
         ranks = parse_ranks(args.ranks)
@@ -208,18 +231,11 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
     targets = ranks if ranks is not None else job_ranks
     request_id = f"tw{uuid.uuid4().hex[:8]}"
     topic = Topic.CONTROL.name_for(settings)
-    replies = Topic.REPLIES.name_for(settings)
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rankscope-cli-{request_id}",
-                         "enable.auto.commit": False})
-    md = consumer.list_topics(replies, timeout=10)
-    meta = md.topics.get(replies)
-    if meta is None or meta.error is not None or not meta.partitions:
-        consumer.close()
-        print(f"rankscope trace: the replies topic {replies} is missing at {settings.bootstrap}, so no "
-              "acknowledgement could be read; create it with: rankscope kafka topics", file=sys.stderr)
+    try:
+        consumer = open_replies_reader(settings, f"rankscope-cli-{request_id}")
+    except RuntimeError as e:
+        print(f"rankscope trace: {e}", file=sys.stderr)
         return 2, ""
-    consumer.assign([TopicPartition(replies, p, OFFSET_END) for p in meta.partitions])
-    consumer.poll(0.5)  # take the assignment before producing, so no ack is missed
     producer = Producer({"bootstrap.servers": settings.bootstrap})
     period = steps_per_period(stats[args.job], parse_duration(args.every), args.steps) if args.every else 0
     producer.produce(topic, key=args.job.encode(),
