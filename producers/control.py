@@ -96,8 +96,11 @@ class ControlListener:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 0.0) -> None:
+        """Ask the thread to end; with ``timeout_s``, wait that long for it (it closes its consumer)."""
         self._stop.set()
+        if timeout_s > 0 and self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
 
     def _make_consumer(self) -> Any:
         from confluent_kafka import OFFSET_END, Consumer, TopicPartition

@@ -166,7 +166,7 @@ class Tracer:
         try:
             self._stop.set()
             if self.control is not None:
-                self.control.stop()
+                self.control.stop()       # its thread ends after its current poll (< 0.5 s)
             self.windows.drain(self.settings.flush_timeout_s / 2)
             if self.hw_sampler is not None:
                 self.hw_sampler.stop()
@@ -177,6 +177,12 @@ class Tracer:
             for handle in self._ddp_hooks:
                 if handle is not None:
                     handle.remove()
+            if self.control is not None:
+                self.control.stop(timeout_s=1.0)   # its consumer closed: no threads or connections left
+            # A closed tracer is not kept alive by the interpreter's hooks (a job may make another).
+            atexit.unregister(self._atexit)
+            if sys.excepthook == self._excepthook:
+                sys.excepthook = self._prev_excepthook
         except Exception:
             pass
 

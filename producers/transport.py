@@ -10,14 +10,25 @@ transport is inert (DataLoader workers must not touch the parent's producer).
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import threading
+import weakref
 from typing import Any
 
 from producers.untraced import leave_profiler
 
 log = logging.getLogger("rankscope.transport")
+
+
+_FORKED_HANDLES: list[Any] = []   # in a forked child: the parent's producers, never destroyed
+
+
+def _after_fork_in_child(ref: weakref.ref[Transport]) -> None:
+    transport = ref()
+    if transport is not None:
+        transport._after_fork_in_child()
 
 
 class Transport:
@@ -60,7 +71,8 @@ class Transport:
             return
         self._thread = threading.Thread(target=self._run, name="rankscope-transport", daemon=True)
         self._thread.start()
-        os.register_at_fork(after_in_child=self._after_fork_in_child)
+        # Held weakly: the interpreter keeps fork handlers for good, and must not keep the transport.
+        os.register_at_fork(after_in_child=functools.partial(_after_fork_in_child, weakref.ref(self)))
 
     # Public ---------------------------------------------------------------------------------
     @property
@@ -103,10 +115,24 @@ class Transport:
             self._cond.notify()
         if left:
             log.warning("rankscope: %d telemetry messages not delivered at exit", left)
+        # Release librdkafka (its threads and broker connections): a closed transport keeps nothing.
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(1.0)
+        producer, self._producer = self._producer, None
+        if producer is not None and left:
+            try:
+                producer.purge()    # undelivered messages were counted above; destroy does not wait for them
+            except Exception:
+                pass
+        del producer
 
     # Internals ------------------------------------------------------------------------------
     def _after_fork_in_child(self) -> None:
         self._closed = True
+        # The child has the parent's librdkafka memory but none of its threads: destroying that
+        # handle here would wait on threads that do not exist. It is kept, unused, for good.
+        if self._producer is not None:
+            _FORKED_HANDLES.append(self._producer)
         self._producer = None
         self._queue = collections.deque()
 

@@ -1,0 +1,65 @@
+"""A closed tracer keeps nothing: no threads (its own or librdkafka's), no broker connections, and
+the interpreter's hooks do not pin it (a job may close one tracer and make another, as the
+always-on benchmark does in every block). Against the real broker."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import sys
+import threading
+import time
+import weakref
+
+from producers.tracer import Tracer
+from rankscope.config import Settings
+
+
+def _tids() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def _poll(cond, deadline_s: float = 30.0) -> bool:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def test_close_leaves_no_threads_and_releases_the_tracer(fresh_topics: Settings):
+    settings = fresh_topics.with_overrides(job_id="close-test", heartbeat_s=0.2, hw_sample_s=0.2)
+    import torch.distributed  # noqa: F401  (importing torch starts a native thread of its own)
+    before = _tids()
+    hook_before = sys.excepthook
+    tracer = Tracer(settings, handle_signals=False)
+    started = _poll(lambda: len(_tids() - before) >= 6)   # own threads + producer + control consumer
+    for _ in range(50):
+        tracer.step()
+    assert started, f"the tracer started only {len(_tids() - before)} threads"
+    assert tracer.control is not None and _poll(functools.partial(_consumer_ready, tracer.control))
+    tracer.close()
+    assert sys.excepthook is hook_before
+    ref = weakref.ref(tracer)
+    del tracer
+    gc.collect()
+    assert ref() is None, "a closed tracer is still referenced (atexit or sys.excepthook)"
+    assert _poll(lambda: not (_tids() - before)), f"threads left after close: {_describe(_tids() - before)}"
+
+
+def _consumer_ready(control) -> bool:
+    return control._consumer is not None
+
+
+def _describe(tids: set[int]) -> list[str]:
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = []
+    for tid in sorted(tids):
+        try:
+            comm = open(f"/proc/self/task/{tid}/comm").read().strip()
+        except OSError:
+            comm = "?"
+        out.append(f"{tid} {names.get(tid, comm)}")
+    return out
