@@ -1,24 +1,34 @@
-"""Always-on tracer overhead on a CPU DDP job: median step time with the tracer (steps,
-heartbeats, hardware sampling, DDP comm hook) vs without, same run.
+"""Always-on tracer overhead on a CPU DDP job: step time with the tracer (steps, heartbeats,
+hardware sampling, control listener, collective timing, ``watch_ddp``) against without, in one job.
 
-2-rank torchrun (gloo) DDP jobs, alternating with and without the tracer (ABAB...), REPEATS each,
-against a live local broker; the ratio of medians is reported, plus the in-process cost of one
-``tracer.step()`` call, which is what the training thread itself pays.
+A 2-rank torchrun (gloo) DDP job (benchmarks/always_on_job.py) alternates blocks of steps with a
+fresh tracer and with none, against a live local broker warmed up first (as a long-running broker
+is). Until stop 12 separate jobs were compared, and their ±10% job-to-job noise on 2 shared cores
+hid a 0.5% target entirely (0.97-1.10). Reported:
+
+- ``overhead_ratio``: the median over repeats of the per-repeat step-time ratio on/off, which on
+  this host includes the co-located broker's work for the tracer's messages;
+- ``tracer_threads_cpu_share_of_step``: the CPU of the threads the tracer starts (its own and
+  librdkafka's, from per-thread CPU clocks) per step, as a share of the step: what the rank pays in
+  the background, precise to the ns whatever the noise;
+- ``step_call_share_of_step``: what the training thread pays, one ``tracer.step()`` call per step;
+- ``broker_cpu_share_of_step``: the co-located broker's CPU per step for the tracer's messages (in
+  production on other machines).
 """
 
 from __future__ import annotations
 
-import statistics
+import json
 import sys
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks._stack import local_stack, torchrun
+from benchmarks._stack import local_stack, torchrun, warm_broker
 
-REPEATS = 3
-STEPS = 400
+REPEATS = 10
+STEPS = 500      # per block: ~2.5 s, a few heartbeats and hardware samples
 
 
 def step_call_cost_us(n: int = 200_000) -> float:
@@ -47,38 +57,46 @@ def step_call_cost_us(n: int = 200_000) -> float:
     return dt / n * 1e6
 
 
-def run() -> dict[str, Any]:
-    with_t, without_t = [], []
-    # A job (with or without the tracer) could die at exit, after writing its result: SIGABRT,
-    # gloo's work freed on its own thread while Python shut down, 4 jobs in 15 until the demo freed
-    # DDP before destroying the process group (0 in 30 since).
+def _always_on_job(settings: Any, tries: int = 3) -> tuple[dict[str, Any], list[str]]:
+    """The job's result after up to ``tries`` runs; failures are returned (and printed), not hidden."""
+    from rankscope.broker import LocalBroker
+
     failures: list[str] = []
+    for _ in range(tries):
+        out = Path(tempfile.mkdtemp()) / "always_on.json"
+        log = out.with_suffix(".log")
+        proc = torchrun(settings, f"ovh-{uuid.uuid4().hex[:6]}", "--repeats", str(REPEATS), "--steps", str(STEPS),
+                        "--broker-pid", str(LocalBroker(settings).pid() or 0), "--result-file", str(out), nproc=2,
+                        module="benchmarks.always_on_job", log=str(log))
+        if proc.wait(900) == 0:
+            return json.loads(out.read_text()), failures
+        tail = [ln for ln in log.read_text(errors="replace").splitlines() if "USDT" not in ln][-12:]
+        failures.append("\n".join(tail))
+        print("tracer_overhead: the job failed and is run again:\n" + failures[-1], file=sys.stderr)
+    raise RuntimeError(f"always-on overhead job failed {tries} times:\n{failures[-1]}")
+
+
+def run() -> dict[str, Any]:
     with local_stack(processors=False) as settings:
-        tmp = Path(tempfile.mkdtemp())
-        for i in range(REPEATS):
-            for traced in (True, False):
-                out = tmp / f"{i}-{traced}.txt"
-                args = ["--ddp", "--steps", str(STEPS), "--result-file", str(out)] + ([] if traced else ["--no-tracer"])
-                for _ in range(3):   # a failed job is run again, and counted and printed, not hidden
-                    log = out.with_suffix(".log")
-                    proc = torchrun(settings, f"ovh-{uuid.uuid4().hex[:6]}", *args, nproc=2, log=str(log))
-                    if proc.wait(600) == 0:
-                        break
-                    tail = [ln for ln in log.read_text(errors="replace").splitlines() if "USDT" not in ln][-12:]
-                    failures.append("\n".join(tail))
-                    print(f"tracer_overhead: a job {'with' if traced else 'without'} the tracer failed and "
-                          "is run again:\n" + failures[-1], file=sys.stderr)
-                else:
-                    raise RuntimeError("overhead job failed 3 times:\n" + failures[-1])
-                (with_t if traced else without_t).append(float(out.read_text()))
-    ratio = statistics.median(with_t) / statistics.median(without_t)
+        warm = warm_broker(settings)
+        res, failures = _always_on_job(settings)
+    step_off = res["median_step_s"]["off"]
+    broker = res["broker_cpu_per_step_s"]
     call_us = step_call_cost_us()
-    return {"name": "tracer_overhead", "with_tracer_s": with_t, "without_tracer_s": without_t,
-            "metrics": {"median_step_ms_with_tracer": round(statistics.median(with_t) * 1e3, 3),
-                        "median_step_ms_without": round(statistics.median(without_t) * 1e3, 3),
-                        "overhead_ratio": round(ratio, 4),
+    return {"name": "tracer_overhead", "step_s": res["step_s"],
+            "metrics": {"median_step_ms_with_tracer": round(res["median_step_s"]["on"] * 1e3, 3),
+                        "median_step_ms_without": round(step_off * 1e3, 3),
+                        "overhead_ratio": round(res["overhead_ratio"], 4),
+                        "overhead_ratio_of_medians": round(res["overhead_ratio_of_medians"], 4),
+                        "tracer_threads": res["tracer_threads"],
+                        "tracer_threads_cpu_us_per_step": round(res["tracer_threads_cpu_per_step_s"] * 1e6, 2),
+                        "tracer_threads_cpu_share_of_step": round(res["tracer_threads_cpu_per_step_s"] / step_off, 6),
                         "step_call_us": round(call_us, 3),
-                        "step_call_share_of_step": round(call_us / 1e6 / statistics.median(without_t), 6),
+                        "step_call_share_of_step": round(call_us / 1e6 / step_off, 6),
+                        "broker_cpu_share_of_step": round((broker["on"] - broker["off"]) / step_off, 4),
+                        "threads_left_after_close": res["threads_after_close"] - res["threads_before"],
+                        "broker_warm_cpu_ms_per_request": warm["broker_warm_cpu_ms_per_request"],
                         "job_failures": len(failures)},
-            "targets": {"overhead_ratio": "<= 1.005 (noise on 2 shared cores is larger)",
-                        "step_call_share_of_step": "<= 0.005"}}
+            "targets": {"overhead_ratio": "<= 1.005 (includes the co-located broker)",
+                        "tracer_threads_cpu_share_of_step": "<= 0.005",
+                        "step_call_share_of_step": "<= 0.005", "threads_left_after_close": "0"}}

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks._stack import cpu_s
 from rankscope import Tracer
 
 
@@ -56,17 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (0: none), from /proc."""
-    if not pid:
-        return 0.0
-    import os
-
+    """User + system CPU seconds of process ``pid`` (0 or gone: 0)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        return cpu_s(pid) if pid else 0.0
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> int:
