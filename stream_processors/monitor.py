@@ -15,7 +15,8 @@ Rules (see README "Detection rules"):
   names its stalled ranks that are not waiting in a collective, and when all of them wait, the
   alert waits a grace period (5 heartbeats, >= 5 s) for the rank they wait for to cross too;
 - slow rank: median busy time (step time minus collective wait) over the last straggler_window
-  steps, compared across ranks with median/MAD (robust z) and a relative floor; flagged for
+  steps, compared with the other ranks' median/MAD (robust z, the rank left out of its own
+  baseline) and a relative floor; flagged for
   straggler_persist consecutive evaluations (one every straggler_window/4 steps of the slowest
   rank, so the rule counts steps, not seconds) before alerting. Needs at least 3 ranks.
 """
@@ -203,11 +204,16 @@ class JobMonitor:
         crashed = [st for st in self.ranks.values() if st.exit_reason in ("exception", "signal")]
         cur = self.incidents.get("hang")
         if cur is not None and all(self.ranks[r].exit_reason for r in cur["ranks"] if r in self.ranks):
+            if stalled:
+                # The named ranks are gone and the others still wait for them (a hung job being torn
+                # down): the same incident. Resolving it here made the next scan open a new one that
+                # named the ranks the teardown had killed, and left that as the job's last word.
+                return []
             reasons = sorted({self.ranks[r].exit_reason for r in cur["ranks"] if r in self.ranks})
             return self._resolve("hang", now_s, f"culprit ranks exited ({', '.join(reasons)})")
         if not stalled:
             self.waiters_stalled_since_s = -1.0
-            return self._resolve("hang", now_s, "progress resumed")
+            return self._resolve("hang", now_s, "progress resumed" if live else "no rank left running")
         whole_job = len(stalled) == len(live)
         if crashed and cur is None:
             culprits = crashed  # peers wait for a rank that died with an exception or signal
@@ -338,16 +344,42 @@ class JobMonitor:
 
 
 def slow_ranks(medians: dict[int, float], z_min: float, min_rel: float) -> dict[int, tuple[float, bool]]:
-    """Robust z-score of each rank's median busy time against its peers; (z, flagged) per rank."""
-    vals = list(medians.values())
-    med = statistics.median(vals)
-    mad = statistics.median(abs(v - med) for v in vals)
-    scale = max(1.4826 * mad, 0.05 * med, 1000.0)
-    out = {}
-    for r, v in medians.items():
-        z = (v - med) / scale
-        out[r] = (z, z > z_min and v > med * (1 + min_rel))
+    """Each rank's robust z against its peers, and whether it is flagged: ``(z, flagged)`` per rank.
+
+    The baseline of a rank is the median of the *other* ranks, and the scale 1.4826 x their MAD
+    (floored at 5% of that median): a slow rank must not move its own baseline. With the rank
+    itself in the group (until stop 12), 4 ranks with one 4x slower and one noisy peer gave
+    {4.2, 4.2, 8.1, 16.5} ms -> z 3.6 for the slow rank, under the threshold, so the persistence
+    count restarted and the alert came late or, before a hang, never. Flagged: z > ``z_min`` and
+    more than ``min_rel`` above the baseline. O(n log n): removing one value moves a sorted list's
+    median by at most one place."""
+    order = sorted(medians, key=lambda r: medians[r])
+    vals = [medians[r] for r in order]
+    if len(vals) < 2:
+        return {r: (0.0, False) for r in order}
+    out: dict[int, tuple[float, bool]] = {}
+    deviations: dict[float, tuple[list[float], dict[int, int]]] = {}   # per baseline: sorted |v - base|, places
+    for p, r in enumerate(order):
+        base = _median_without(vals, p)
+        if base not in deviations:        # at most 3 distinct baselines
+            devs = sorted((abs(v - base), i) for i, v in enumerate(vals))
+            deviations[base] = ([d for d, _ in devs], {i: k for k, (_, i) in enumerate(devs)})
+        devs_sorted, place = deviations[base]
+        mad = _median_without(devs_sorted, place[p])
+        scale = max(1.4826 * mad, 0.05 * base, 1000.0)
+        z = (vals[p] - base) / scale
+        out[r] = (z, z > z_min and vals[p] > base * (1 + min_rel))
     return out
+
+
+def _median_without(sorted_vals: list[float], pos: int) -> float:
+    """Median of ``sorted_vals`` (at least 2) without the value at ``pos``."""
+    m = len(sorted_vals) - 1
+
+    def at(k: int) -> float:
+        return sorted_vals[k] if k < pos else sorted_vals[k + 1]
+
+    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
 
 
 def main_stack(stacks: list[dict[str, Any]] | None) -> list[str]:

@@ -179,3 +179,50 @@ def test_progress_rows_plan_one_start_step_for_every_rank():
     # One second after the last step ended, one second ahead, 10 ms steps: 200 steps on, plus 1 and 2.
     assert plan_start_step(rows, last_end + 10**9, 10**9) == 29 + 1 + 200 + 2
     assert plan_start_step(JobMonitor(job="k").progress_rows(), 0, 10**9) == 0
+
+
+def test_slow_rank_is_judged_against_its_peers_not_a_group_it_inflates():
+    # 4 ranks, rank 1 4x slower and rank 3 noisy (seen on 2 shared cores): with rank 1 inside its own
+    # baseline, median/MAD of {4.2, 4.2, 8.1, 16.5} gave it z 3.6, under the threshold of 4.
+    flagged = slow_ranks({0: 4.2e6, 1: 16.5e6, 2: 4.2e6, 3: 8.1e6}, 4, 0.25)
+    assert flagged[1][1] and flagged[1][0] > 4
+    assert not flagged[0][1] and not flagged[2][1]
+    # Many ranks with a wide natural spread: the top one is 28% above the rest but not an outlier.
+    spread = {r: 10e6 + 7e6 * r / 15 for r in range(16)}
+    assert not any(f for _, f in slow_ranks(spread, 4, 0.25).values())
+
+
+def test_slow_rank_alerts_although_a_noisy_peer_moves_the_group():
+    # Rank 3 alternates between 2 and 4 ms busy per window of 20 steps; rank 1 is 4x slow throughout.
+    # Every evaluation must flag rank 1, so the alert opens after straggler_persist evaluations.
+    mon = JobMonitor(job="j")
+    opened = []
+    for i in range(8):
+        for r in range(4):
+            busy = {1: 8_000_000, 3: 4_000_000 if i % 2 else 2_000_000}.get(r, 2_000_000)
+            mon.apply(steps(r, i * 20, 20, busy), 100.0 + i, S)
+            mon.apply(hb(r, i * 20 + 19, 0.0), 100.0 + i, S)
+        opened += [a for a in mon.scan(100.0 + i, S) if a.status == "open"]
+    assert [(a.kind, a.ranks) for a in opened] == [("slow_rank", [1])]
+
+
+def test_tearing_down_a_hung_job_keeps_the_culprit_named():
+    # Rank 3 hangs and is named. The job is killed: rank 3 and two waiters exit (signal, exception)
+    # while rank 0 is still stuck. The incident stays rank 3's; it resolves once no rank is left.
+    mon = JobMonitor(job="j")
+    feed_healthy(mon, 100.0, n=30)
+    for r in range(4):
+        frames = HANG_FRAMES if r == 3 else WAIT_FRAMES
+        mon.apply(hb(r, 29, 12.0, [{"thread": "MainThread", "frames": frames}]), 112.0, S)
+    [opened] = mon.scan(112.0, S)
+    assert opened.ranks == [3]
+    for r, reason in ((3, "signal"), (1, "exception"), (2, "exception")):
+        mon.apply(env("exit", r, {"step": 29, "reason": reason, "detail": ""}), 113.0, S)
+    mon.apply(hb(0, 29, 13.0, [{"thread": "MainThread", "frames": WAIT_FRAMES}]), 113.0, S)
+    assert mon.scan(113.0, S) == []
+    assert mon.scan(114.0, S) == []
+    assert mon.incidents["hang"]["ranks"] == [3]
+    mon.apply(env("exit", 0, {"step": 29, "reason": "signal", "detail": ""}), 115.0, S)
+    [resolved] = mon.scan(115.0, S)
+    assert (resolved.kind, resolved.status, resolved.ranks) == ("hang", "resolved", [3])
+    assert "exited" in resolved.details["resolution"]
