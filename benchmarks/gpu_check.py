@@ -4,10 +4,12 @@ Starts a throw-away local stack (a real broker, no processors), opens a chDB sto
 runs the sink in a thread, trains a small CUDA MLP (one pinned host->device copy per step) under a
 :class:`Tracer` for ``--steps`` steps (with a trace window in the middle when this build has trace
 windows), then prints what arrived in ClickHouse: rows per table and ``hw_samples`` per device and
-metric (n, min, median, max), plus the sampler's cost per sample and the bytes sent per topic.
+metric (n, min, median, max), plus the sampler's cost per sample, the bytes sent per topic, and the trace window as stored
+(``trace_events`` per category with its top names, ``trace_windows``, ``function_summaries``).
 The same goes to ``benchmarks/results/gpu_check.json``.
 
-Exit status: 0 when steps and GPU hardware samples arrived, 1 when something is missing, 2 when
+Exit status: 0 when steps, GPU hardware samples and the window (host ops, Python frames, and on a
+GPU kernels, memcpy and CUDA runtime calls) arrived, 1 when something is missing, 2 when
 there is no CUDA device (``--cpu`` runs the same pipeline on the CPU, host metrics only, to test
 this script without a GPU).
 """
@@ -100,22 +102,55 @@ def _request_window(tracer: Any) -> dict[str, Any]:
         return {"requested": False, "reason": f"{type(e).__name__}: {e}"}
 
 
-def _wait_for_rows(store: Any, db: str, job: str, steps: int, timeout_s: float) -> None:
+def _wait_for_rows(store: Any, db: str, job: str, steps: int, timeout_s: float, window: bool = False) -> None:
+    """Until the steps, the exit record, the window (when one was sent) and a stable count of
+    hardware samples and trace events are in ClickHouse, or ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    last_hw, stable = -1, 0
+    last, stable = (-1, -1), 0
+
+    def count(sql: str) -> int:
+        return int(store.query_rows(sql.format(db=db), {"j": job})[0][0])
+
     while time.monotonic() < deadline:
         try:
-            n_steps = store.query_rows(f"SELECT count() FROM {db}.steps WHERE job = {{j:String}}", {"j": job})[0][0]
-            n_exit = store.query_rows(f"SELECT count() FROM {db}.ranks FINAL WHERE job = {{j:String}} "
-                                      "AND exit_reason != ''", {"j": job})[0][0]
-            n_hw = store.query_rows(f"SELECT count() FROM {db}.hw_samples WHERE job = {{j:String}}", {"j": job})[0][0]
+            n_steps = count("SELECT count() FROM {db}.steps WHERE job = {{j:String}}")
+            n_exit = count("SELECT count() FROM {db}.ranks FINAL WHERE job = {{j:String}} AND exit_reason != ''")
+            n_windows = count("SELECT count() FROM {db}.trace_windows FINAL WHERE job = {{j:String}} "
+                              "AND status != 'open'")
+            now = (count("SELECT count() FROM {db}.hw_samples WHERE job = {{j:String}}"),
+                   count("SELECT count() FROM {db}.trace_events WHERE job = {{j:String}}"))
         except Exception:
-            n_steps = n_exit = n_hw = 0
-        stable = stable + 1 if n_hw == last_hw else 0
-        last_hw = n_hw
-        if n_steps >= steps and n_exit and stable >= 3:
+            n_steps = n_exit = n_windows = 0
+            now = (-1, -1)
+        stable = stable + 1 if now == last else 0
+        last = now
+        if n_steps >= steps and n_exit and (n_windows or not window) and stable >= 3:
             return
         time.sleep(0.5)
+
+
+def _trace_report(store: Any, db: str, job: str) -> dict[str, Any]:
+    """The trace window as stored: per category the events, distinct names, total time, bytes and the
+    three functions with the most exclusive time; the windows and the per-function summary rows."""
+    cats: dict[str, Any] = {}
+    for cat, n, names, total, nbytes in store.query_rows(
+            f"SELECT category, count(), uniqExact(name), sum(dur_ns), sum(bytes) FROM {db}.trace_events "
+            f"WHERE job = {{j:String}} GROUP BY category ORDER BY category", {"j": job}):
+        # Top functions by exclusive time (the summaries'): for Python call paths inclusive time would
+        # name the script's outermost frames; the path's last frame is shown.
+        top = store.query_rows(f"SELECT name, sum(exclusive_ns) AS t FROM {db}.function_summaries FINAL "
+                               f"WHERE job = {{j:String}} AND category = {{c:String}} GROUP BY name "
+                               f"ORDER BY t DESC LIMIT 3", {"j": job, "c": cat})
+        cats[str(cat)] = {"events": int(n), "names": int(names), "total_ms": round(total / 1e6, 3),
+                          "bytes": int(nbytes),
+                          "top_exclusive": [[str(nm).rsplit(";", 1)[-1], round(t / 1e6, 3)] for nm, t in top]}
+    windows = [{"window_id": w, "status": st, "steps": [int(a), int(b)], "events": int(e), "truncated": bool(tr)}
+               for w, st, a, b, e, tr in store.query_rows(
+                   f"SELECT window_id, status, first_step, last_step, events, truncated FROM {db}.trace_windows "
+                   f"FINAL WHERE job = {{j:String}} ORDER BY window_id", {"j": job})]
+    n_summaries = int(store.query_rows(f"SELECT count() FROM {db}.function_summaries FINAL WHERE job = {{j:String}}",
+                                       {"j": job})[0][0])
+    return {"categories": cats, "windows": windows, "function_summary_rows": n_summaries}
 
 
 def _report(store: Any, db: str, job: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
@@ -214,11 +249,13 @@ def main(argv: list[str] | None = None) -> int:
                                   "bytes_per_message": round(sent_bytes[t] / sent[t], 1)} for t in sorted(sent)}
             if sent["hw"]:
                 result["hw_bytes_per_s"] = round(sent_bytes["hw"] / run_s, 1)
-            _wait_for_rows(store, store.database, job, args.steps, timeout_s=60)
+            _wait_for_rows(store, store.database, job, args.steps, timeout_s=90,
+                           window=bool(result["train"]["window"].get("requested")))
         finally:
             stop.set()
             sink_thread.join(30)
         tables, hw = _report(store, store.database, job)
+        result["trace"] = _trace_report(store, store.database, job)
         result["sink"] = sink.stats()
         close_store(settings.store_dsn)
     result["tables"], result["hw_samples"] = tables, hw
@@ -232,6 +269,18 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("no GPU rows in hw_samples")
     if -1 not in devices:
         problems.append("no host rows (device -1) in hw_samples")
+    trace = result["trace"]
+    if result["train"]["window"].get("requested"):
+        # What the window must hold: host ops and Python frames always; on a GPU also the kernels,
+        # the per-step host->device copies and the CUDA runtime calls that launched them.
+        need = ["cpu_op", "python"] + (["kernel", "memcpy", "runtime"] if device == "cuda" else [])
+        missing = [c for c in need if not trace["categories"].get(c, {}).get("events")]
+        if not trace["windows"]:
+            problems.append("no trace window in trace_windows")
+        if missing:
+            problems.append(f"trace window without {missing} events")
+        if not trace["function_summary_rows"]:
+            problems.append("no function_summaries rows for the window")
     if device == "cuda" and not any(r["metric"].startswith("gpm_") for r in hw):
         print("gpu_check: no GPM metrics (needs Hopper or newer and a recent driver)")
     result["problems"] = problems
@@ -256,6 +305,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hw bytes per second (this rank): {result['hw_bytes_per_s']}")
     print(f"trace windows done: {result.get('windows_done')} (reader: {result.get('window_reader')}, "
           f"sender CPU ms: {result.get('window_sender_cpu_ms')})")
+    for w in trace["windows"]:
+        print(f"window {w['window_id']}: {w['status']}, steps {w['steps'][0]}-{w['steps'][1]}, {w['events']} events"
+              + (", TRUNCATED" if w["truncated"] else ""))
+    print(f"\ntrace_events per category ({trace['function_summary_rows']} function_summaries rows):")
+    for cat, v in trace["categories"].items():
+        top = ", ".join(f"{n[:48]} {ms} ms" for n, ms in v["top_exclusive"])
+        print(f"  {cat:<11}{v['events']:>8} events {v['names']:>5} names {v['total_ms']:>10} ms "
+              f"{v['bytes']:>12} B   top (exclusive): {top}")
     import tempfile
 
     out = Path(args.out or (Path(tempfile.gettempdir()) / "gpu_check_cpu.json" if args.cpu

@@ -1,0 +1,33 @@
+"""The GPU check (benchmarks/gpu_check.py, run on a lent GPU machine) exercised on the CPU with
+``--cpu``: the same script, a real broker, the sink into chDB, a trace window, and its verdict.
+On the CPU its window must hold host ops and Python frames; the kernel, memcpy and CUDA runtime
+requirements apply on a GPU only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_runs_the_whole_pipeline_on_the_cpu(tmp_path: Path):
+    out = tmp_path / "gpu_check.json"
+    # The script makes its own throw-away stack; only the cache (Kafka jars, C++ reader) is shared.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_") or k == "RANKSCOPE_CACHE_DIR"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", "--steps", "80", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["ok"] and result["problems"] == []
+    assert result["tables"]["steps"] >= 80
+    cats = result["trace"]["categories"]
+    assert cats["cpu_op"]["events"] > 0 and cats["python"]["events"] > 0
+    assert "kernel" not in cats          # no GPU here: no device events are invented
+    [window] = result["trace"]["windows"]
+    assert window["status"] == "complete" and window["steps"][1] - window["steps"][0] + 1 == 10
+    assert result["trace"]["function_summary_rows"] > 0
+    assert "trace_events per category" in proc.stdout
