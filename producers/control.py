@@ -105,8 +105,11 @@ class ControlListener:
     def _make_consumer(self) -> Any:
         from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
+        # A long poll: the broker answers a fetch as soon as a command arrives, so waiting up to 5 s
+        # (librdkafka's default is 0.5 s) costs no latency and cuts an idle rank's fetch requests
+        # from 2/s to 0.2/s (thousands of ranks poll one control topic).
         c = Consumer({"bootstrap.servers": self._bootstrap, "group.id": f"rankscope-rank-{self.job}-{self.rank}",
-                      "enable.auto.commit": False, "auto.offset.reset": "latest",
+                      "enable.auto.commit": False, "auto.offset.reset": "latest", "fetch.wait.max.ms": 5000,
                       "logger": logging.getLogger("rankscope.librdkafka"), "log_level": 3})
         md = c.list_topics(self.topic, timeout=10)
         parts = md.topics[self.topic].partitions if self.topic in md.topics else {}
