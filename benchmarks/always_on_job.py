@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks._ddp_model import ddp_mlp
 from benchmarks.window_job import _cpu_s
 from rankscope import Tracer
 
@@ -77,16 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    rank = dist.get_rank()
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    torch.manual_seed(rank)
-    layers: list[torch.nn.Module] = []
-    for _ in range(6):
-        layers += [torch.nn.Linear(args.size, args.size), torch.nn.ReLU()]
-    model = DDP(torch.nn.Sequential(*layers))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(args.size, args.size)
+    model, opt, x = ddp_mlp(args.size, dist.get_rank())
 
     def train_step(tracer: Tracer | None) -> None:
         loss = model(x).square().mean()

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks._ddp_model import ddp_mlp
 from benchmarks._stack import cpu_s
 from rankscope import Tracer
 
@@ -69,16 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
-    torch.manual_seed(rank)
-    layers: list[torch.nn.Module] = []
-    for _ in range(6):
-        layers += [torch.nn.Linear(args.size, args.size), torch.nn.ReLU()]
-    model = DDP(torch.nn.Sequential(*layers))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(args.size, args.size)
+    model, opt, x = ddp_mlp(args.size, rank)
     tracer = Tracer()
     wait_s = args.wait_ms / 1e3
     tracer.watch_ddp(model)
