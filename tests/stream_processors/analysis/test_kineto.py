@@ -267,3 +267,21 @@ def test_missing_paths_and_empty_folders(tmp_path: Path) -> None:
         load_traces([])
     with pytest.raises(ValueError, match="time_unit"):
         load_trace(DATA / "hta_sampled2" / "sampled_rank-0.json.gz", time_unit="s")
+
+
+def test_load_trace_pauses_gc_and_restores_it(tmp_path: Path) -> None:
+    import gc
+
+    src = DATA / "hta_sampled2" / "sampled_rank-0.json.gz"
+    assert gc.isenabled()
+    before = load_trace(src).events
+    assert gc.isenabled()                      # re-enabled after a read
+    with pytest.raises(ValueError):
+        load_trace(tmp_path / "missing.json")
+    assert gc.isenabled()                      # and after a failed one
+    gc.disable()
+    try:
+        pd.testing.assert_frame_equal(load_trace(src).events, before)
+        assert not gc.isenabled()              # a caller's own choice is kept
+    finally:
+        gc.enable()
