@@ -269,6 +269,33 @@ def test_fast_mode_samples_more_and_batches_per_message(nvml: types.ModuleType) 
         encode(envelope(b, seq=i + 1))
 
 
+def test_leaving_fast_mode_does_not_sample_at_once(nvml: types.ModuleType) -> None:
+    # A window's end is when its sender converts on the rank's cores: the slow period resumes from
+    # the last sample instead of a sample (~1.4 ms of CPU on a busy host) at that moment.
+    sent = Sent()
+    s = sampler(1, sent, period_s=60.0, fast_period_s=0.02, send_every_s=60.0)
+    starts: list[float] = []
+    take = s.sample_once
+
+    def recording_sample_once() -> int:
+        starts.append(time.monotonic())
+        return take()
+
+    s.sample_once = recording_sample_once
+    s.start()
+    s.set_fast(True)
+    deadline = time.monotonic() + 60
+    while len(starts) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(starts) >= 4, "fast mode did not sample"
+    s.set_fast(False)
+    left_at = time.monotonic()
+    time.sleep(0.5)
+    after = [t for t in starts if t > left_at]
+    s.stop()
+    assert after == [], f"{len(after)} samples right after leaving fast mode"
+
+
 def test_pcie_falls_back_to_throughput_without_field_counters(monkeypatch: pytest.MonkeyPatch) -> None:
     mod = fake_nvml(fields=False, gpm=False)
     monkeypatch.setitem(sys.modules, "pynvml", mod)
