@@ -31,9 +31,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benchmarks._ddp_model import ddp_mlp
 from benchmarks.window_job import _cpu_s
 from rankscope import Tracer
+from rankscope.demo.train import ddp_mlp
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    model, opt, x = ddp_mlp(args.size, dist.get_rank())
+    torch.manual_seed(dist.get_rank())
+    model, opt = ddp_mlp(args.size)
+    x = torch.randn(args.size, args.size)
 
     def train_step(tracer: Tracer | None) -> None:
         loss = model(x).square().mean()

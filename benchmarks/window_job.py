@@ -39,9 +39,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benchmarks._ddp_model import ddp_mlp
 from benchmarks._stack import cpu_s
 from rankscope import Tracer
+from rankscope.demo.train import ddp_mlp
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank()
     from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
-    model, opt, x = ddp_mlp(args.size, rank)
+    torch.manual_seed(rank)
+    model, opt = ddp_mlp(args.size)
+    x = torch.randn(args.size, args.size)
     tracer = Tracer()
     wait_s = args.wait_ms / 1e3
     tracer.watch_ddp(model)

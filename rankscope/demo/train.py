@@ -31,8 +31,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-rank", type=int, default=-1)
     p.add_argument("--hang-at-step", type=int, default=-1)
     p.add_argument("--ddp", action="store_true", help="train a small MLP under DDP instead of explicit all_reduce")
-    p.add_argument("--no-tracer", action="store_true", help="baseline for overhead measurements")
-    p.add_argument("--result-file", default="", help="write the median step time (s) here (rank 0)")
     args = p.parse_args(argv)
     if args.steps <= 0:
         p.error(f"--steps must be > 0, got {args.steps}")
@@ -56,30 +54,33 @@ def hang_forever() -> None:
         time.sleep(0.5)
 
 
+def ddp_mlp(size: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Six ``size``-wide Linear+ReLU layers under DDP (the process group is up) and their SGD; the
+    benchmarks' DDP jobs train the same model."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    layers: list[torch.nn.Module] = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(size, size), torch.nn.ReLU()]
+    model = DDP(torch.nn.Sequential(*layers))
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    tracer = None if args.no_tracer else Tracer()
+    tracer = Tracer()
     torch.manual_seed(rank)
     x0 = torch.randn(args.size, args.size)
     w = torch.randn(args.size, args.size) / args.size ** 0.5
     extra = int(round(args.matmuls * (args.slow_factor - 1)))
     model = opt = None
     if args.ddp:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        layers = []
-        for _ in range(6):
-            layers += [torch.nn.Linear(args.size, args.size), torch.nn.ReLU()]
-        model = DDP(torch.nn.Sequential(*layers))
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        if tracer is not None:
-            tracer.watch_ddp(model)
-    durations = []
+        model, opt = ddp_mlp(args.size)
+        tracer.watch_ddp(model)
     for step in range(args.steps):
-        t0 = time.perf_counter()
         if rank == args.hang_rank and step == args.hang_at_step:
             print(f"rank {rank}: hanging at step {step}", file=sys.stderr, flush=True)
             hang_forever()
@@ -98,15 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                 y = slow_extra_compute(y, w, extra)
             t = y.sum().reshape(1)
             dist.all_reduce(t)
-        if tracer is not None:
-            tracer.step()
-        durations.append(time.perf_counter() - t0)
-    if tracer is not None:
-        tracer.close()
-    if args.result_file and rank == 0:
-        durations.sort()
-        with open(args.result_file, "w") as f:
-            f.write(str(durations[len(durations) // 2]))
+        tracer.step()
+    tracer.close()
     # Free DDP (its reducer holds gloo work) while Python is fully alive: left to the interpreter's
     # shutdown, gloo's thread freed that work as Python finalised and the process aborted
     # ("terminate called without an active exception") in about 1 job in 4.
