@@ -12,7 +12,8 @@ Contract:
 - Construction and every method never raise into training code and never block on the network;
   with no broker the tracer logs one warning and training goes on.
 - ``step()`` costs a few microseconds: it appends a record to a list. A background thread sends
-  step batches and a heartbeat every ``heartbeat_s``; once the current step runs much longer
+  one ``beat`` every ``heartbeat_s``: the step records since the last one and the heartbeat,
+  keyed by job/rank so a job spreads over partitions; once the current step runs much longer
   than usual (``stall_stack_factor`` x recent median, at least ``stall_stack_min_s``) heartbeats
   carry the stacks of every thread.
 - At exit (normal end, exception, SIGTERM) a final ``exit`` record says how the process ended.
@@ -43,6 +44,7 @@ from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
+from rankscope.wire import rank_key as steps_key
 
 log = logging.getLogger("rankscope.tracer")
 
@@ -66,6 +68,7 @@ class Tracer:
         self.identity: RankIdentity = resolve_identity(self.settings)
         self._steps_topic = Topic.STEPS.name_for(self.settings)
         self._key = self.identity.job.encode()
+        self._rank_key = steps_key(self.identity.job, self.identity.rank)
         self.transport = transport or Transport(
             self.settings.bootstrap, queue_max=self.settings.queue_max,
             compression=self.settings.producer_compression, client_id=f"rankscope-{self.identity.job}-{self.identity.rank}")
@@ -170,7 +173,7 @@ class Tracer:
             self.windows.drain(self.settings.flush_timeout_s / 2)
             if self.hw_sampler is not None:
                 self.hw_sampler.stop()
-            self._send_steps()
+            self._send_beat()
             self._send("exit", {"step": self._step, "reason": reason, "detail": detail[:2000]})
             self.transport.close(self.settings.flush_timeout_s)
             uninstall(self._comm)
@@ -197,7 +200,7 @@ class Tracer:
 
     # Background -------------------------------------------------------------------------------
     def _send(self, kind: str, body: dict[str, Any]) -> None:
-        self._send_to(self._steps_topic, self._key, kind, body)
+        self._send_to(self._steps_topic, self._rank_key, kind, body)
 
     def _send_to(self, topic: str, key: bytes, kind: str, body: dict[str, Any]) -> None:
         with self._seq_lock:
@@ -235,12 +238,12 @@ class Tracer:
             except Exception:
                 pass
 
-    def _send_steps(self) -> None:
-        if not self._pending:
-            return
+    def _send_beat(self) -> None:
         batch, self._pending = self._pending, []
-        self._send("steps", {"step": [r[0] for r in batch], "start_ns": [r[1] for r in batch],
-                             "end_ns": [r[2] for r in batch], "comm_ns": [r[3] for r in batch]})
+        hb = self.heartbeat_body()
+        self._send("beat", {"step": [r[0] for r in batch], "start_ns": [r[1] for r in batch],
+                            "end_ns": [r[2] for r in batch], "comm_ns": [r[3] for r in batch],
+                            "hb_step": hb.pop("step"), **hb})
 
     def heartbeat_body(self) -> dict[str, Any]:
         now = self.clock.wall_ns()
@@ -257,17 +260,10 @@ class Tracer:
                 "stacks": stacks}
 
     def _heartbeat_loop(self) -> None:
-        period = self.settings.heartbeat_s
-        flush_period = min(0.5, period)
-        last_hb = 0.0
-        while not self._stop.wait(flush_period):
+        while not self._stop.wait(self.settings.heartbeat_s):
             leave_profiler()
             try:
-                self._send_steps()
-                now = self.clock.monotonic()
-                if now - last_hb >= period - 1e-3:
-                    last_hb = now
-                    self._send("heartbeat", self.heartbeat_body())
+                self._send_beat()
             except Exception as e:  # keep the thread alive whatever happens
                 log.debug("heartbeat failed: %s", e)
 

@@ -53,6 +53,9 @@ class Transport:
                 "client.id": client_id,
                 "linger.ms": 50,
                 "compression.type": compression,
+                # Java's partitioner, as faust's: a job's job-keyed messages land on the partition
+                # number the processors use for that job on every topic.
+                "partitioner": "murmur2_random",
                 "queue.buffering.max.messages": queue_max,
                 "queue.buffering.max.kbytes": 65536,
                 "message.timeout.ms": 300000,

@@ -17,12 +17,14 @@ ALERT_STATUSES = frozenset({"open", "update", "resolved"})
 
 @dataclass(frozen=True)
 class StackGroup:
-    """Identical stacks merged across ranks. ``frames`` outermost first, as "file:line func"."""
+    """Identical stacks merged across ranks. ``frames`` outermost first, as "file:line func".
+    ``ranks`` lists at most 32 of them; ``count`` is how many ranks share the stack."""
 
     ranks: list[int]
     thread: str
     frames: list[str]
     waiting_in_collective: bool
+    count: int = 0
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,10 @@ class Settings:
     straggler_min_rel: float = 0.25
     straggler_persist: int = 3
     report_deadline_s: float = 30.0
+    rebuild_horizon_s: float = 60.0  # a worker taking a partition rebuilds its ranks from this much recent input
+    incident_horizon_s: float = 86400.0  # ... and takes back open incidents published this recently
+    job_idle_s: float = 300.0        # a job with no message for this long is forgotten
+    processors_batch: int = 2000     # messages folded per batch
     auto_trace_steps: int = 5
     auto_trace_interval_s: float = 600.0
     # Producer (rank side).
@@ -94,14 +98,15 @@ class Settings:
             "kafka_port", "kafka_controller_port", "topic_partitions", "dashboard_port",
             "sink_batch_rows", "queue_max", "straggler_window", "straggler_min_steps",
             "straggler_persist", "stats_every_steps", "processors_web_port",
-            "trace_byte_budget", "flight_steps",
+            "trace_byte_budget", "flight_steps", "processors_batch",
         ]
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in ["sink_batch_s", "scan_interval_s", "hang_min_s", "hang_factor", "dead_after_s",
                      "heartbeat_s", "straggler_z", "flush_timeout_s", "dashboard_refresh_s",
-                     "stall_stack_factor", "stall_stack_min_s"]:
+                     "stall_stack_factor", "stall_stack_min_s", "rebuild_horizon_s", "incident_horizon_s",
+                     "job_idle_s"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds/factor, got {getattr(self, name)!r}")
         if self.producer_compression not in PRODUCER_COMPRESSIONS:

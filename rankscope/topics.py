@@ -10,13 +10,15 @@ from rankscope.config import Settings
 class Topic(enum.Enum):
     """Logical topics. Keys: job id for steps/control/alerts/stats; "job/rank" for bulky ones."""
 
-    STEPS = "steps"          # step records, heartbeats, exit records (msgpack, key = job)
+    STEPS = "steps"          # beats (v2), step records and heartbeats (v1), exit records (msgpack;
+                             # key = job/rank from v2 ranks, job from v1 ranks)
     HW = "hw"                # hardware samples (msgpack, key = job/rank)
     TRACES = "traces"        # trace-window events (msgpack, key = job/rank)
     SUMMARIES = "summaries"  # per-window per-rank function summaries (msgpack, key = job)
     CONTROL = "control"      # commands to ranks (msgpack, key = job); every rank of the job reads it
     REPLIES = "replies"      # the ranks' answers: acks and flight records (msgpack, key = job); no rank
                              # reads it, so a window's N acks are not fetched by N ranks (N^2 at scale)
+    SHARDS = "shards"        # the processors' per-partition job summaries (msgpack, key = job)
     STATS = "stats"          # rolling per-worker statistics (msgpack, key = job)
     ALERTS = "alerts"        # alerts (JSON, documented schema, key = job)
     REPORTS = "reports"      # diagnosis reports (JSON, key = job)

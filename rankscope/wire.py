@@ -8,6 +8,12 @@ Envelope (every message)::
 ``seq`` is the producer's sequence number per (job, rank, pid): gaps mean loss, repeats mean
 duplicates. Bodies are columnar where a message carries many records (``steps``).
 
+Versions: v2 ranks send one ``beat`` per heartbeat period (the step records since the last beat
+plus the heartbeat fields), keyed by ``job/rank`` (:func:`rank_key`) so one job spreads over
+partitions. v1 ranks send separate ``steps`` and ``heartbeat`` messages keyed by job; both
+versions decode, and :func:`split_beat` turns a beat into the v1 pair so every consumer folds
+one shape. ``shard`` is the processors' own per-partition job summary (stream_processors/shard.py).
+
 :func:`decode` validates at the boundary and raises :class:`WireError` with a reason that the
 caller routes to the dead-letter topic. It never returns a half-valid message.
 """
@@ -19,8 +25,10 @@ from typing import Any
 
 import msgpack
 
-SCHEMA_VERSION = 1
-SUPPORTED_VERSIONS = frozenset({1})
+SCHEMA_VERSION = 2
+SUPPORTED_VERSIONS = frozenset({1, 2})
+# Kinds that exist only from a version on; a v1 envelope carrying one is rejected.
+KIND_SINCE = {"beat": 2, "shard": 2}
 
 
 class WireError(ValueError):
@@ -61,6 +69,13 @@ BODY_SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "steps": {"step": _LIST, "start_ns": _LIST, "end_ns": _LIST, "comm_ns": _LIST},
     "heartbeat": {"step": _INT, "since_step_s": _NUM, "dropped": _INT, "world_size": _INT,
                   "local_rank": _INT, "stacks": _OPT_LIST},
+    # v2: step records (columnar, as in "steps") and the heartbeat fields ("hb_step" is the
+    # heartbeat's "step") in one message per rank per heartbeat period.
+    "beat": {"step": _LIST, "start_ns": _LIST, "end_ns": _LIST, "comm_ns": _LIST, "hb_step": _INT,
+             "since_step_s": _NUM, "dropped": _INT, "world_size": _INT, "local_rank": _INT,
+             "stacks": _OPT_LIST},
+    # Processors' per-partition job summary (stream_processors/shard.py validates the rest).
+    "shard": {"shard": _INT, "ts_ns": _INT, "agg": (dict,), "rows": _LIST, "stacks": (dict,)},
     "exit": {"step": _INT, "reason": _STR, "detail": _STR},
     # Hardware samples (columnar): metric name -> list of values, plus ts_ns list.
     "hw": {"ts_ns": _LIST, "device": _LIST, "metrics": (dict,)},
@@ -108,6 +123,8 @@ def decode(data: bytes | None) -> Envelope:
             raise WireError("bad_type", f"{name} is {type(obj[name]).__name__}")
     if not obj["job"]:
         raise WireError("bad_type", "job is empty")
+    if KIND_SINCE.get(obj["kind"], 1) > obj["v"]:
+        raise WireError("unknown_kind", f"{obj['kind']!r} needs schema version {KIND_SINCE[obj['kind']]}, got {obj['v']}")
     _validate_body(obj["kind"], obj["body"])
     return Envelope(kind=obj["kind"], job=obj["job"], rank=obj["rank"], host=obj["host"], pid=obj["pid"],
                     seq=obj["seq"], sent_ns=obj["sent_ns"], body=obj["body"], v=obj["v"])
@@ -124,15 +141,15 @@ def _validate_body(kind: str, body: dict[str, Any]) -> None:
             raise WireError("bad_body", f"{kind}.{name} missing")
         if not isinstance(body[name], types):
             raise WireError("bad_body", f"{kind}.{name} is {type(body[name]).__name__}")
-    if kind == "steps":
+    if kind in ("steps", "beat"):
         n = len(body["step"])
         for c in STEP_COLUMNS:
             col = body[c]
             if len(col) != n:
-                raise WireError("bad_body", f"steps.{c} has {len(col)} values, step has {n}")
+                raise WireError("bad_body", f"{kind}.{c} has {len(col)} values, step has {n}")
             if not all(isinstance(x, int) and not isinstance(x, bool) for x in col):
-                raise WireError("bad_body", f"steps.{c} holds a non-integer")
-    elif kind == "heartbeat" and body["stacks"] is not None:
+                raise WireError("bad_body", f"{kind}.{c} holds a non-integer")
+    if kind in ("heartbeat", "beat") and body["stacks"] is not None:
         for s in body["stacks"]:
             if not (isinstance(s, dict) and isinstance(s.get("thread"), str) and isinstance(s.get("frames"), list)):
                 raise WireError("bad_body", "heartbeat.stacks entries need thread and frames")
@@ -145,3 +162,20 @@ def steps_rows(env: Envelope) -> list[dict[str, int]]:
     b = env.body
     return [{"step": s, "start_ns": a, "end_ns": e, "comm_ns": c}
             for s, a, e, c in zip(b["step"], b["start_ns"], b["end_ns"], b["comm_ns"], strict=True)]
+
+
+def rank_key(job: str, rank: int) -> bytes:
+    """The Kafka key of a v2 rank's steps-topic messages: spreads a job over partitions by rank."""
+    return f"{job}/{rank}".encode()
+
+
+HEARTBEAT_FIELDS = ("since_step_s", "dropped", "world_size", "local_rank", "stacks")
+
+
+def split_beat(env: Envelope) -> tuple[Envelope, Envelope]:
+    """A v2 ``beat`` as the v1 pair it replaces: (``steps``, ``heartbeat``), same envelope fields."""
+    b = env.body
+    steps = {c: b[c] for c in STEP_COLUMNS}
+    hb = {"step": b["hb_step"], **{f: b[f] for f in HEARTBEAT_FIELDS}}
+    common = dict(job=env.job, rank=env.rank, host=env.host, pid=env.pid, seq=env.seq, sent_ns=env.sent_ns, v=env.v)
+    return Envelope(kind="steps", body=steps, **common), Envelope(kind="heartbeat", body=hb, **common)

@@ -44,7 +44,7 @@ from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.packed import unpack_int_columns
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, WireError, decode
+from rankscope.wire import Envelope, WireError, decode, split_beat
 from storage.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -727,6 +727,13 @@ class Sink:
         _int(env.pid, "pid", _I32)
         _int(env.sent_ns, "sent_ns")
         _int(env.seq, "seq")
+        if env.kind == "beat":
+            for part in split_beat(env):
+                self._store(part, batch)
+        else:
+            self._store(env, batch)
+
+    def _store(self, env: Envelope, batch: Batch) -> None:
         kind = env.kind
         if kind not in STORED_KINDS:
             self._count(f"skipped:{kind}")

@@ -1,22 +1,28 @@
-"""The faust-streaming worker: progress agent, hang/death/slow-rank scanner, stats and dead letters.
+"""The faust-streaming worker: two stages over Kafka, reports, dead letters.
 
-- ``progress`` agent (concurrency 1) consumes the steps topic (key = job, so one worker sees all
-  ranks of a job), folds each message into that job's :class:`JobMonitor` and checkpoints it into
-  the ``job-monitors`` table (changelogged, so a restarted worker recovers it). Each event is
-  wrapped: undecodable input becomes a dead letter with its reason and a counter; the agent
-  never dies on bad input.
-- ``scan`` timer (every scan_interval_s) evaluates the rules for the jobs of this worker's
-  partitions, publishes alert changes (JSON) on the alerts topic and rolling per-rank stats on
-  the stats topic.
+- ``fold`` agent (steps topic, key = job/rank from v2 ranks, job from v1 ranks): batches of
+  events folded into the :class:`~stream_processors.stages.ShardStage` of the partitions this
+  worker owns. Undecodable input becomes a dead letter with its reason and a counter.
+- ``judge`` agent (shards topic, key = job): shard summaries into the
+  :class:`~stream_processors.stages.JobStage`.
+- ``tick`` timer (every scan_interval_s): every shard's summary and statistics out, then the
+  job-wide rules; alert changes (JSON) go to the alerts topic.
+- ``reports`` agent (summaries topic): trace-window summaries into diagnosis reports.
+State: none in faust tables. A worker that takes partitions rebuilds them from recent input and
+takes back open incidents from the alerts topic (stream_processors/rebuild.py) before faust
+resumes them. A failing event is logged, counted and skipped; a failing timer tick is logged and
+the next tick runs; an error outside them crashes the worker, which exits non-zero for its
+supervisor to restart it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import socket
-import time
+import sys
 from typing import Any
 
 import faust
@@ -26,14 +32,13 @@ from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.topics import Topic
 from rankscope.trace_start import START_LEAD_NS, plan_start_step
-from rankscope.wire import Envelope, WireError, decode, encode
-from stream_processors.monitor import JobMonitor
+from rankscope.wire import Envelope, WireError, decode
+from stream_processors.rebuild import open_incidents, rebuild_shards
 from stream_processors.report_alerts import ReportAlerts
+from stream_processors.stages import STEPS_KINDS, JobStage, Sender, ShardStage
 from stream_processors.windows import WindowCollector
 
 log = logging.getLogger("rankscope.processors")
-
-CHECKPOINT_EVERY_S = 1.0
 
 
 def app_id(settings: Settings) -> str:
@@ -58,64 +63,150 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
         producer_linger_ms=5,
     )
     raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
-    steps_topic = app.topic(Topic.STEPS.name_for(settings), partitions=settings.topic_partitions, **raw)
-    alerts_topic = app.topic(Topic.ALERTS.name_for(settings), partitions=settings.topic_partitions, **raw)
-    stats_topic = app.topic(Topic.STATS.name_for(settings), partitions=settings.topic_partitions, **raw)
-    dead_topic = app.topic(Topic.DEADLETTER.name_for(settings), partitions=settings.topic_partitions, **raw)
-    summaries_topic = app.topic(Topic.SUMMARIES.name_for(settings), partitions=settings.topic_partitions, **raw)
-    reports_topic = app.topic(Topic.REPORTS.name_for(settings), partitions=settings.topic_partitions, **raw)
-    control_topic = app.topic(Topic.CONTROL.name_for(settings), partitions=settings.topic_partitions, **raw)
+    topics = {t: app.topic(t.name_for(settings), partitions=settings.topic_partitions, **raw) for t in Topic}
+    names = {t.name_for(settings): t for t in Topic}
+    sender = Sender(socket.gethostname(), os.getpid())
+    shard_stage = ShardStage(settings, sender)
+    job_stage = JobStage(settings)
     collector = WindowCollector()
     report_alerts = ReportAlerts()
     auto_traced: dict[str, float] = {}
-    table = app.Table("job-monitors", default=None, partitions=settings.topic_partitions,
-                      schema=faust.Schema(key_type=bytes, key_serializer="raw", value_serializer="json"))
-    monitors: dict[str, JobMonitor] = {}
-    checkpointed: dict[str, float] = {}
     counter = DeadLetterCounter()
-    seq = [0]
-    host, pid = socket.gethostname(), os.getpid()
     app.rankscope_deadletters = counter  # type: ignore[attr-defined]
-    app.rankscope_monitors = monitors  # type: ignore[attr-defined]
+    app.rankscope_stages = (shard_stage, job_stage)  # type: ignore[attr-defined]
 
-    def monitor_for(job: str) -> JobMonitor:
-        mon = monitors.get(job)
-        if mon is None:
-            saved = table.get(job.encode())
-            mon = JobMonitor.from_dict(saved) if saved else JobMonitor(job=job)
-            monitors[job] = mon
-        return mon
+    async def dead_letter(msg: Any, value: Any, reason: str, detail: str) -> None:
+        counter.add("processors", reason)
+        dl = DeadLetter.make(ts_ns=clock.wall_ns(), source_topic=msg.topic, partition=msg.partition,
+                             offset=msg.offset, stage="processors", reason=reason, detail=detail,
+                             payload=value if isinstance(value, bytes) else None)
+        await topics[Topic.DEADLETTER].send(key=msg.topic.encode(), value=dl.to_json())
 
     async def decode_or_deadletter(event: Any, kinds: tuple[str, ...]) -> Envelope | None:
-        msg = event.message
         try:
             env = decode(event.value)
             if env.kind not in kinds:
-                raise WireError("unexpected_kind", f"{env.kind!r} on {msg.topic}; expected {list(kinds)}")
+                raise WireError("unexpected_kind", f"{env.kind!r} on {event.message.topic}; expected {list(kinds)}")
             return env
         except WireError as e:
-            counter.add("processors", e.reason)
-            dl = DeadLetter.make(ts_ns=clock.wall_ns(), source_topic=msg.topic, partition=msg.partition,
-                                 offset=msg.offset, stage="processors", reason=e.reason, detail=str(e),
-                                 payload=event.value if isinstance(event.value, bytes) else None)
-            await dead_topic.send(key=msg.topic.encode(), value=dl.to_json())
+            await dead_letter(event.message, event.value, e.reason, str(e))
         except Exception as e:  # never let one event kill the agent
             counter.add("processors", "internal")
             log.exception("unexpected error decoding event: %s", e)
         return None
 
+    # Partitions come and go ---------------------------------------------------------------------
+    @app.on_partitions_revoked.connect
+    async def on_revoked(app: Any, revoked: Any, **kw: Any) -> None:
+        shard_stage.revoke({tp.partition for tp in revoked if names.get(tp.topic) is Topic.STEPS})
+        job_stage.revoke({tp.partition for tp in revoked if names.get(tp.topic) is Topic.SHARDS})
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(app: Any, assigned: Any, **kw: Any) -> None:
+        steps = sorted({tp.partition for tp in assigned if names.get(tp.topic) is Topic.STEPS}
+                       - {p for p, _ in shard_stage.shards})
+        jobs = sorted({tp.partition for tp in assigned if names.get(tp.topic) is Topic.SHARDS}
+                      - set(job_stage.partition_of.values()))
+        loop = asyncio.get_running_loop()
+        now_s = clock.wall_ns() / 1e9
+        rebuilt = await loop.run_in_executor(None, rebuild_shards, settings, steps, now_s)
+        shard_stage.install(rebuilt)
+        incidents = await loop.run_in_executor(None, open_incidents, settings, jobs, now_s)
+        for p, alerts in incidents.items():
+            job_stage.restore(p, alerts)
+        opened = sum(len(m.incidents) for m in job_stage.monitors.values())
+        log.warning("assigned steps partitions %s (%d shard jobs rebuilt), shards partitions %s (%d open incidents)",
+                    steps, len(rebuilt), jobs, opened)
+
+    # Stage one: fold ----------------------------------------------------------------------------
+    @app.agent(topics[Topic.STEPS], concurrency=1)
+    async def fold(stream: Any) -> None:
+        async for events in stream.take_events(settings.processors_batch, within=0.05):
+            now_s = clock.wall_ns() / 1e9
+            for event in events:
+                env = await decode_or_deadletter(event, STEPS_KINDS)
+                if env is None:
+                    continue
+                try:
+                    shard_stage.ingest(event.message.partition, env, now_s)
+                except Exception as e:
+                    counter.add("processors", "apply_failed")
+                    log.exception("failed to apply %s from %s/%s: %s", env.kind, env.job, env.rank, e)
+
+    # Stage two: judge ---------------------------------------------------------------------------
+    @app.agent(topics[Topic.SHARDS], concurrency=1)
+    async def judge(stream: Any) -> None:
+        async for event in stream.events():
+            env = await decode_or_deadletter(event, ("shard",))
+            if env is None:
+                continue
+            try:
+                job_stage.ingest(event.message.partition, env)
+            except WireError as e:
+                await dead_letter(event.message, event.value, e.reason, str(e))
+            except Exception as e:
+                counter.add("processors", "apply_failed")
+                log.exception("failed to take the shard summary of %s: %s", env.job, e)
+
+    @app.timer(interval=settings.scan_interval_s)
+    async def tick() -> None:
+        now_s = clock.wall_ns() / 1e9
+        try:
+            for topic, key, value in shard_stage.tick(now_s):
+                await topics[topic].send(key=key, value=value)
+        except Exception as e:
+            log.exception("shard tick failed: %s", e)
+        for alert in job_stage.tick(now_s):
+            log.warning("alert %s %s: %s", alert.status, alert.kind, alert.summary)
+            try:
+                await topics[Topic.ALERTS].send(key=alert.job.encode(), value=alert.to_json())
+                if alert.kind == "slow_rank" and alert.status == "open":
+                    await auto_trace(alert.job, now_s)
+                if alert.kind == "hang" and alert.status == "open":
+                    await request_flight_record(alert.job, alert)
+            except Exception as e:
+                log.exception("publishing alert %s failed: %s", alert.alert_id, e)
+
+    async def auto_trace(job: str, now_s: float) -> None:
+        """A sustained slowdown opens a trace window on the job by itself (rate-limited)."""
+        now = clock.monotonic()
+        if settings.auto_trace_steps <= 0 or now - auto_traced.get(job, -1e18) < settings.auto_trace_interval_s:
+            return
+        auto_traced[job] = now
+        args: dict[str, Any] = {"steps": settings.auto_trace_steps, "reason": "auto: slow rank"}
+        mon = job_stage.monitors.get(job)
+        first = plan_start_step(mon.progress_rows(now_s, settings), clock.wall_ns(), START_LEAD_NS) if mon else 0
+        if first:
+            args.update(start_step=first, lead_ns=START_LEAD_NS)   # every rank starts at the same step
+        body = {"command": "trace", "request_id": f"auto-{job}-{int(now_s)}", "ranks": None, "args": args}
+        log.warning("auto-trace: opening a %d-step window on job %s", settings.auto_trace_steps, job)
+        await topics[Topic.CONTROL].send(key=job.encode(), value=sender.envelope("control", job, body, clock.wall_ns()))
+
+    async def request_flight_record(job: str, alert: Any) -> None:
+        """A hang asks every rank for its flight recorder (last steps and all stacks) on the control topic."""
+        body = {"command": "flight", "request_id": f"flight-{alert.alert_id}", "ranks": None,
+                "args": {"reason": f"alert {alert.alert_id}"}}
+        await topics[Topic.CONTROL].send(key=job.encode(), value=sender.envelope("control", job, body, clock.wall_ns()))
+
+    # Reports ------------------------------------------------------------------------------------
+    def job_ranks(job: str) -> tuple[list[int] | None, int | None]:
+        mon = job_stage.monitors.get(job)
+        if mon is None:
+            return None, None
+        now_s = clock.wall_ns() / 1e9
+        return mon.expected_ranks(now_s, settings), mon.world_size(now_s, settings) or None
+
     async def publish_report(job: str, window_id: str) -> None:
-        mon = monitors.get(job)
-        expected = sorted(r for r, st in mon.ranks.items() if not st.exit_reason) if mon else None
-        report = collector.build(job, window_id, expected, mon.world_size if mon else None)
+        expected, world = job_ranks(job)
+        report = collector.build(job, window_id, expected, world)
         if report is not None:
             log.warning("report %s/%s: slow workers %s", job, window_id, [s["rank"] for s in report["slow_workers"]])
-            await reports_topic.send(key=job.encode(), value=json.dumps(report, default=str).encode())
+            await topics[Topic.REPORTS].send(key=job.encode(), value=json.dumps(report, default=str).encode())
             for alert in report_alerts.on_report(report, clock.wall_ns()):
                 log.warning("alert %s %s: %s", alert.status, alert.kind, alert.summary)
-                await alerts_topic.send(key=job.encode(), value=alert.to_json())
+                await topics[Topic.ALERTS].send(key=job.encode(), value=alert.to_json())
 
-    @app.agent(summaries_topic, concurrency=1)
+    @app.agent(topics[Topic.SUMMARIES], concurrency=1)
     async def reports(stream: Any) -> None:
         async for event in stream.events():
             env = await decode_or_deadletter(event, ("summary",))
@@ -123,8 +214,7 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
                 continue
             try:
                 key = collector.add(env, clock.monotonic())
-                mon = monitors.get(env.job)
-                if collector.complete(key, mon):
+                if collector.complete(key, job_ranks(env.job)[0]):
                     await publish_report(*key)
             except Exception as e:
                 counter.add("processors", "report_failed")
@@ -138,93 +228,21 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
             except Exception as e:
                 log.exception("report %s failed: %s", key, e)
 
-    async def auto_trace(job: str) -> None:
-        """A sustained slowdown opens a trace window on the job by itself (rate-limited)."""
-        now = clock.monotonic()
-        if settings.auto_trace_steps <= 0 or now - auto_traced.get(job, -1e18) < settings.auto_trace_interval_s:
-            return
-        auto_traced[job] = now
-        seq[0] += 1
-        args: dict[str, Any] = {"steps": settings.auto_trace_steps, "reason": "auto: slow rank"}
-        first = plan_start_step(monitor_for(job).progress_rows(), clock.wall_ns(), START_LEAD_NS)
-        if first:
-            args.update(start_step=first, lead_ns=START_LEAD_NS)   # every rank starts at the same step
-        env = Envelope(kind="control", job=job, rank=-1, host=host, pid=pid, seq=seq[0], sent_ns=clock.wall_ns(),
-                       body={"command": "trace", "request_id": f"auto{seq[0]}-{int(now)}", "ranks": None,
-                             "args": args})
-        log.warning("auto-trace: opening a %d-step window on job %s", settings.auto_trace_steps, job)
-        await control_topic.send(key=job.encode(), value=encode(env))
+    original_crash = app.crash
 
-    async def request_flight_record(job: str, alert: Any) -> None:
-        """A hang asks every rank for its flight recorder (last steps and all stacks) on the control topic."""
-        seq[0] += 1
-        env = Envelope(kind="control", job=job, rank=-1, host=host, pid=pid, seq=seq[0], sent_ns=clock.wall_ns(),
-                       body={"command": "flight", "request_id": f"flight-{alert.alert_id}", "ranks": None,
-                             "args": {"reason": f"alert {alert.alert_id}"}})
-        await control_topic.send(key=job.encode(), value=encode(env))
+    async def crash(reason: BaseException) -> None:
+        # faust logs "We experienced a crash!" and may linger; a crashed worker must exit so that
+        # its supervisor restarts it and the group hands its partitions to the others.
+        log.critical("processors worker crashed: %r; exiting for a restart", reason)
+        try:
+            await original_crash(reason)
+        finally:
+            sys.stderr.flush()
+            os._exit(70)
 
-    @app.agent(steps_topic, concurrency=1)
-    async def progress(stream: Any) -> None:
-        async for event in stream.events():
-            env = await decode_or_deadletter(event, ("steps", "heartbeat", "exit"))
-            if env is None:
-                continue
-            try:
-                mon = monitor_for(env.job)
-                mon.apply(env, clock.wall_ns() / 1e9, settings)
-                now = clock.monotonic()
-                if now - checkpointed.get(env.job, 0.0) >= CHECKPOINT_EVERY_S:
-                    checkpointed[env.job] = now
-                    table[env.job.encode()] = mon.to_dict()
-            except Exception as e:
-                counter.add("processors", "apply_failed")
-                log.exception("failed to apply %s from %s/%s: %s", env.kind, env.job, env.rank, e)
-
-    @app.timer(interval=settings.scan_interval_s)
-    async def scan() -> None:
-        now_s = clock.wall_ns() / 1e9
-        for key in list(table.keys()):
-            job = key.decode() if isinstance(key, bytes) else str(key)
-            mon = monitor_for(job)
-            try:
-                alerts = mon.scan(now_s, settings)
-            except Exception as e:
-                log.exception("scan of job %s failed: %s", job, e)
-                continue
-            for alert in alerts:
-                log.warning("alert %s %s: %s", alert.status, alert.kind, alert.summary)
-                await alerts_topic.send(key=job.encode(), value=alert.to_json())
-                if alert.kind == "slow_rank" and alert.status == "open":
-                    await auto_trace(job)
-                if alert.kind == "hang" and alert.status == "open":
-                    await request_flight_record(job, alert)
-            if mon.steps_since_stats or alerts:
-                mon.steps_since_stats = 0
-                seq[0] += 1
-                await stats_topic.send(key=job.encode(), value=stats_message(mon, now_s, settings, host, pid, seq[0]))
+    app.crash = crash  # type: ignore[method-assign]
 
     return app
-
-
-def stats_message(mon: JobMonitor, now_s: float, settings: Settings, host: str, pid: int, seq: int) -> bytes:
-    import statistics
-
-    states = mon.rank_states(now_s, settings)
-    rows = []
-    ts_ns = int(now_s * 1e9)
-    for r, st in sorted(mon.ranks.items()):
-        durs = sorted(st.durations)
-        rows.append({
-            "rank": r, "ts_ns": ts_ns, "step": st.last_step, "window_steps": len(durs),
-            "median_step_ns": int(statistics.median(durs)) if durs else 0,
-            "p95_step_ns": int(durs[min(len(durs) - 1, int(0.95 * len(durs)))]) if durs else 0,
-            "median_busy_ns": int(statistics.median(st.busy)) if st.busy else 0,
-            "median_comm_ns": int(statistics.median(st.comm)) if st.comm else 0,
-            "busy_z": round(st.busy_z, 3), "state": states.get(r, "running"),
-        })
-    env = Envelope(kind="stats", job=mon.job, rank=-1, host=host, pid=pid, seq=seq, sent_ns=time.time_ns(),
-                   body={"ranks": rows})
-    return encode(env)
 
 
 def run_worker(settings: Settings, loglevel: str = "WARNING") -> None:

@@ -1,24 +1,27 @@
-"""Per-job rank state and the hang, death and slow-rank rules, as plain objects with an injected time.
+"""Stage two of the processors: the job-wide hang, death and slow-rank rules over shard summaries.
 
-The faust agents (stream_processors/app.py) feed decoded messages into :meth:`JobMonitor.apply`
-and call :meth:`JobMonitor.scan` from a timer; everything here is synchronous, pure Python and
-driven by ``now_s`` (processor wall seconds), so tests replay scenarios without Kafka.
+A :class:`JobMonitor` keeps the latest :class:`~stream_processors.summary.ShardSummary` of every
+shard (steps partition) that holds ranks of its job, merges them into a :class:`JobView` and
+evaluates the rules from a timer. It holds only those summaries and its open incidents, so its
+size does not grow with the job; everything is synchronous and driven by ``now_s``.
 
 Rules (see README "Detection rules"):
 - progress age of a rank = its last heartbeat's ``since_step_s`` + time since that heartbeat
   (the extrapolation is capped so a lagging processor does not invent hangs);
 - hung: progress age > max(hang_min_s, hang_factor x job median step time), heartbeats alive;
-- dead: heartbeats silent for dead_after_s relative to the job's freshest rank (or the whole job
+- dead: messages silent for dead_after_s relative to the job's freshest rank (or the whole job
   silent for 3 x dead_after_s), with no exit record; the first to go silent is the likely cause;
 - culprit of a whole-job stall: the ranks at the lowest step; among them those whose main-thread
   stack is not waiting in a collective; identical stacks are grouped across ranks; a partial stall
   names its stalled ranks that are not waiting in a collective, and when all of them wait, the
   alert waits a grace period (5 heartbeats, >= 5 s) for the rank they wait for to cross too;
 - slow rank: median busy time (step time minus collective wait) over the last straggler_window
-  steps, compared with the other ranks' median/MAD (robust z, the rank left out of its own
-  baseline) and a relative floor; flagged for
-  straggler_persist consecutive evaluations (one every straggler_window/4 steps of the slowest
-  rank, so the rule counts steps, not seconds) before alerting. Needs at least 3 ranks.
+  steps against the other ranks' median and MAD (robust z; exact leave-one-out when every rank is
+  in the summaries, histograms otherwise) and a relative floor; evaluated once the job's lowest
+  step advanced straggler_window/4 steps, flagged for straggler_persist evaluations in a row before
+  alerting. Needs at least 3 ranks.
+While a shard that holds ranks of the job has not reported for ``stale_s`` (its worker died and
+the partition is moving), the rules wait instead of judging a job they see only in part.
 """
 
 from __future__ import annotations
@@ -30,203 +33,258 @@ from typing import Any
 
 from rankscope.alerts import Alert, StackGroup
 from rankscope.config import Settings
-from rankscope.wire import Envelope
+from stream_processors.rank_state import CRASH_REASONS, EXTRAPOLATION_CAP_S
+from stream_processors.stacks import waiting_in_collective
+from stream_processors.summary import (
+    Row,
+    ShardSummary,
+    StackInfo,
+    hist_add,
+    hist_mad,
+    hist_quantile,
+)
 
-EXTRAPOLATION_CAP_S = 3.0
-COLLECTIVE_MARKERS = ("torch/distributed/", "_rankscope_timed_collective", "_rankscope_timed_wait",
-                      " all_reduce", " barrier", " all_gather", " broadcast", " reduce_scatter",
-                      " all_to_all")
+MAX_ALERT_RANKS = 256
+MAX_GROUP_RANKS = 32
+MAX_DETAIL_RANKS = 64
+FORGET_SHARD_S = 60.0   # a shard silent this long no longer holds the job's rules back
+
+
+def stale_after_s(settings: Settings) -> float:
+    return max(5.0, 4 * settings.scan_interval_s)
 
 
 @dataclass
-class RankState:
-    rank: int
-    host: str = ""
-    pid: int = 0
-    last_step: int = -1
-    last_step_end_ns: int = 0
-    durations: list[int] = field(default_factory=list)
-    busy: list[int] = field(default_factory=list)
-    comm: list[int] = field(default_factory=list)
-    hb_recv_s: float = 0.0
-    hb_step: int = -1
-    hb_since_s: float = 0.0
-    stacks: list[dict[str, Any]] | None = None
-    exit_reason: str = ""
-    exit_detail: str = ""
-    dropped: int = 0
-    slow_evals: int = 0
-    ok_evals: int = 0
-    busy_z: float = 0.0
-    last_seq: int = 0
+class JobView:
+    """The job as its shards last reported it: rows of the ranks a rule may name, and totals."""
+
+    rows: dict[int, Row]
+    stacks: dict[str, StackInfo]
+    exact: bool                 # every rank of the job has a row
+    ranks: int
+    live: int
+    world_size: int
+    min_step: int
+    newest_hb_s: float
+    min_age_s: float            # youngest progress age of a live rank, -1 when none
+    step_hist: dict[int, int]
+    busy_hist: dict[int, int]
+    max_progress: list[dict[str, Any]]
+
+    @classmethod
+    def merge(cls, summaries: list[ShardSummary], now_s: float) -> JobView:
+        rows: dict[int, Row] = {}
+        stacks: dict[str, StackInfo] = {}
+        step_hist: dict[int, int] = {}
+        busy_hist: dict[int, int] = {}
+        exact = True
+        ranks = live = world = 0
+        min_step, newest, min_age = -1, 0.0, -1.0
+        progress = []
+        for s in summaries:
+            a = s.agg
+            for r in s.rows:
+                old = rows.get(r.rank)
+                if old is None or r.hb_ns > old.hb_ns:   # a rank that moved shard (rolling upgrade): freshest
+                    rows[r.rank] = r
+            for sig, info in s.stacks.items():
+                cur = stacks.get(sig)
+                if cur is None:
+                    stacks[sig] = StackInfo(info.count, info.waiting, info.frames, list(info.sample))
+                else:
+                    cur.count += info.count
+                    cur.sample = sorted(set(cur.sample) | set(info.sample))[:MAX_GROUP_RANKS]
+            exact = exact and len(s.rows) == a["ranks"]
+            ranks += a["ranks"]
+            live += a["live"]
+            world = max(world, a["world_size"])
+            if a["live"] and a["min_step"] >= 0:
+                min_step = a["min_step"] if min_step < 0 else min(min_step, a["min_step"])
+            newest = max(newest, a["newest_hb_ns"] / 1e9)
+            if a["min_age_s"] >= 0:
+                age = a["min_age_s"] + min(max(0.0, now_s - s.ts_ns / 1e9), EXTRAPOLATION_CAP_S)
+                min_age = age if min_age < 0 else min(min_age, age)
+            hist_add(step_hist, a["step_hist"])
+            hist_add(busy_hist, a["busy_hist"])
+            if a["max_step"] >= 0:
+                progress.append({"rank": -1, "step": a["max_step"], "ts_ns": a["max_step_end_ns"],
+                                 "median_step_ns": a["max_step_med_ns"]})
+        return cls(rows=rows, stacks=stacks, exact=exact, ranks=ranks, live=live, world_size=world,
+                   min_step=min_step, newest_hb_s=newest, min_age_s=min_age, step_hist=step_hist,
+                   busy_hist=busy_hist, max_progress=progress)
+
+    def age(self, r: Row, now_s: float) -> float:
+        return r.progress_age_s(now_s, EXTRAPOLATION_CAP_S)
 
 
 @dataclass
 class JobMonitor:
     job: str
-    world_size: int = 0
-    ranks: dict[int, RankState] = field(default_factory=dict)
+    shards: dict[int, ShardSummary] = field(default_factory=dict)
     incidents: dict[str, dict[str, Any]] = field(default_factory=dict)  # kind -> Alert as dict
     last_eval_min_step: int = -1
-    steps_since_stats: int = 0
     lost_rank_seconds: float = 0.0
     incident_count: int = 0
-    waiters_stalled_since_s: float = -1.0  # when only ranks waiting in collectives crossed the threshold
-    pending: list[Alert] = field(default_factory=list)  # raised while ingesting, returned by scan()
-
-    # Serialisation (faust table values) ------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("pending")
-        d["ranks"] = {str(k): v for k, v in d["ranks"].items()}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> JobMonitor:
-        d = dict(d)
-        d.pop("pending", None)
-        ranks = {int(k): RankState(**v) for k, v in d.pop("ranks", {}).items()}
-        return cls(ranks=ranks, **d)
+    waiters_stalled_since_s: float = -1.0
+    slow_evals: dict[int, int] = field(default_factory=dict)
+    ok_evals: dict[int, int] = field(default_factory=dict)
+    busy_z: dict[int, float] = field(default_factory=dict)
+    retired: bool = False       # a shard said the job went idle there
 
     # Input -------------------------------------------------------------------------------------
-    def apply(self, env: Envelope, now_s: float, settings: Settings) -> None:
-        """Fold one decoded message from the steps topic into the state."""
-        st = self.ranks.get(env.rank)
-        if st is None:
-            st = self.ranks[env.rank] = RankState(rank=env.rank)
-        if st.pid and st.pid != env.pid and env.kind != "exit":
-            st.last_step, st.exit_reason = -1, ""  # the rank restarted in a new process
-        st.host, st.pid = env.host, env.pid
-        b = env.body
-        if env.kind == "steps":
-            w = settings.straggler_window
-            for s, a, e, c in zip(b["step"], b["start_ns"], b["end_ns"], b["comm_ns"], strict=True):
-                if s <= st.last_step:
-                    continue  # duplicate delivery
-                dur = max(0, e - a)
-                st.durations.append(dur)
-                st.comm.append(max(0, c))
-                st.busy.append(max(0, dur - c))
-                st.last_step, st.last_step_end_ns = s, e
-                self.steps_since_stats += 1
-            del st.durations[:-w], st.busy[:-w], st.comm[:-w]
-            st.hb_recv_s = max(st.hb_recv_s, now_s)
-            st.hb_since_s = 0.0 if b["step"] else st.hb_since_s
-            st.exit_reason = ""
-            # The slow-rank rule runs on step progress, not wall time, so a backlog read at once is
-            # judged exactly as it would have been live.
-            self.pending += self._slow_rule(now_s, settings, set())
-        elif env.kind == "heartbeat":
-            st.hb_recv_s = now_s
-            st.hb_step = b["step"]
-            st.hb_since_s = float(b["since_step_s"])
-            st.stacks = b["stacks"]
-            st.dropped = b["dropped"]
-            if b["world_size"] > 0:
-                self.world_size = b["world_size"]
-        elif env.kind == "exit":
-            st.exit_reason = b["reason"]
-            st.exit_detail = b["detail"]
-            st.hb_recv_s = now_s
-            st.last_step = max(st.last_step, b["step"])
-        st.last_seq = env.seq
+    def add_summary(self, summary: ShardSummary) -> None:
+        """Keep a shard's latest summary (an older one arriving late is ignored)."""
+        cur = self.shards.get(summary.shard)
+        if cur is not None and cur.ts_ns > summary.ts_ns:
+            return
+        if summary.agg["retired"]:
+            self.shards.pop(summary.shard, None)
+            self.retired = True
+        else:
+            self.shards[summary.shard] = summary
+
+    def restore(self, alert: Alert) -> None:
+        """Take back an incident from the alerts topic after a restart: it keeps its ``alert_id``."""
+        if alert.status == "resolved":
+            if self.incidents.get(alert.kind, {}).get("alert_id") == alert.alert_id:
+                self.incidents.pop(alert.kind)
+            return
+        d = dataclasses.asdict(alert)
+        d["_key"] = _change_key(alert)
+        self.incidents[alert.kind] = d
+        self.incident_count = max(self.incident_count, 1)
+        if alert.kind == "slow_rank":
+            self.lost_rank_seconds = max(self.lost_rank_seconds, alert.lost_rank_seconds)
 
     # Derived ----------------------------------------------------------------------------------
-    def median_step_s(self) -> float:
-        durs = [d for st in self.ranks.values() for d in st.durations]
-        return statistics.median(durs) / 1e9 if durs else 0.0
+    def view(self, now_s: float, settings: Settings) -> JobView | None:
+        """The merged view, or None while a shard of the job is stale (its partition is moving)."""
+        current = []
+        for shard, s in list(self.shards.items()):
+            age = now_s - s.ts_ns / 1e9
+            if age > FORGET_SHARD_S:
+                del self.shards[shard]
+            elif age > stale_after_s(settings):
+                return None
+            else:
+                current.append(s)
+        return JobView.merge(current, now_s) if current else None
 
-    def progress_age_s(self, st: RankState, now_s: float) -> float:
-        return st.hb_since_s + min(max(0.0, now_s - st.hb_recv_s), EXTRAPOLATION_CAP_S)
+    @staticmethod
+    def median_step_s(view: JobView) -> float:
+        if view.exact:
+            durs = [r.step_med_ns for r in view.rows.values() if r.step_med_ns > 0 and not r.exit_reason]
+            return statistics.median(durs) / 1e9 if durs else 0.0
+        return hist_quantile(view.step_hist, 0.5) / 1e9
 
-    def dead_ranks(self, now_s: float, settings: Settings) -> list[int]:
-        live = [st for st in self.ranks.values() if not st.exit_reason]
+    def hang_threshold_s(self, view: JobView, settings: Settings) -> float:
+        return max(settings.hang_min_s, settings.hang_factor * self.median_step_s(view))
+
+    @staticmethod
+    def dead_ranks(view: JobView, now_s: float, settings: Settings) -> list[int]:
+        live = [r for r in view.rows.values() if not r.exit_reason]
         if not live:
             return []
-        newest = max(st.hb_recv_s for st in self.ranks.values())
-        whole_job_silent = now_s - newest > 3 * settings.dead_after_s
-        dead = [st for st in live
-                if now_s - st.hb_recv_s > settings.dead_after_s
-                and (newest - st.hb_recv_s > settings.dead_after_s or whole_job_silent)]
-        return [st.rank for st in sorted(dead, key=lambda s: s.hb_recv_s)]
+        whole_job_silent = now_s - view.newest_hb_s > 3 * settings.dead_after_s
+        dead = [r for r in live
+                if now_s - r.hb_ns / 1e9 > settings.dead_after_s
+                and (view.newest_hb_s - r.hb_ns / 1e9 > settings.dead_after_s or whole_job_silent)]
+        return [r.rank for r in sorted(dead, key=lambda r: r.hb_ns)]
 
-    def hang_threshold_s(self, settings: Settings) -> float:
-        return max(settings.hang_min_s, settings.hang_factor * self.median_step_s())
+    def progress_rows(self, now_s: float, settings: Settings) -> list[dict[str, Any]]:
+        """Latest step, when it ended and median step time, for :func:`rankscope.trace_start.plan_start_step`:
+        every rank when the view is exact, else each shard's furthest rank."""
+        view = self.view(now_s, settings)
+        if view is None:
+            return []
+        if view.exact:
+            return [{"rank": r.rank, "step": r.last_step, "ts_ns": r.last_step_end_ns, "median_step_ns": r.step_med_ns}
+                    for r in sorted(view.rows.values(), key=lambda r: r.rank)]
+        return view.max_progress
+
+    def expected_ranks(self, now_s: float, settings: Settings) -> list[int] | None:
+        """The ranks still running (reports wait for their summaries), or None when not every rank is known."""
+        view = self.view(now_s, settings)
+        if view is None or not view.exact:
+            return None
+        return sorted(r.rank for r in view.rows.values() if not r.exit_reason)
+
+    def world_size(self, now_s: float, settings: Settings) -> int:
+        view = self.view(now_s, settings)
+        return view.world_size if view else 0
+
+    def rank_states(self, now_s: float, settings: Settings) -> dict[int, str]:
+        """The state of every rank with a row: exited, dead, hung, waiting, slow or running."""
+        view = self.view(now_s, settings)
+        if view is None:
+            return {}
+        dead = set(self.dead_ranks(view, now_s, settings))
+        hang = self.incidents.get("hang")
+        slow = self.incidents.get("slow_rank")
+        thr = self.hang_threshold_s(view, settings)
+        states = {}
+        for r in view.rows.values():
+            if r.exit_reason:
+                states[r.rank] = "exited" if r.exit_reason in ("completed", "atexit") else f"exited:{r.exit_reason}"
+            elif r.rank in dead:
+                states[r.rank] = "dead"
+            elif hang and r.rank in hang["ranks"]:
+                states[r.rank] = "hung"
+            elif view.age(r, now_s) > thr:
+                states[r.rank] = "waiting"
+            elif slow and r.rank in slow["ranks"]:
+                states[r.rank] = "slow"
+            else:
+                states[r.rank] = "running"
+        return states
 
     # Scan -------------------------------------------------------------------------------------
     def scan(self, now_s: float, settings: Settings) -> list[Alert]:
         """Evaluate every rule; return alerts to publish (opened, updated or resolved)."""
-        out: list[Alert] = []
-        dead = self.dead_ranks(now_s, settings)
-        out += self._hang_rule(now_s, settings, set(dead))
-        out += self._dead_rule(now_s, dead)
-        out += self.pending
-        self.pending = []
+        if not self.shards and self.retired:
+            return [a for kind in list(self.incidents) for a in self._resolve(kind, now_s, "the job stopped reporting")]
+        view = self.view(now_s, settings)
+        if view is None:
+            return []
+        dead = self.dead_ranks(view, now_s, settings)
+        out = self._hang_rule(view, now_s, settings, set(dead))
+        out += self._dead_rule(view, now_s, dead)
+        out += self._slow_rule(view, now_s, settings, set(dead))
         return out
-
-    def progress_rows(self) -> list[dict[str, Any]]:
-        """Each rank's latest step, when it ended (wall ns) and its median step time, for
-        :func:`rankscope.trace_start.plan_start_step`."""
-        return [{"rank": r, "step": st.last_step, "ts_ns": st.last_step_end_ns,
-                 "median_step_ns": int(statistics.median(st.durations)) if st.durations else 0}
-                for r, st in sorted(self.ranks.items())]
-
-    def rank_states(self, now_s: float, settings: Settings) -> dict[int, str]:
-        dead = set(self.dead_ranks(now_s, settings))
-        hang = self.incidents.get("hang")
-        slow = self.incidents.get("slow_rank")
-        thr = self.hang_threshold_s(settings)
-        states = {}
-        for r, st in self.ranks.items():
-            if st.exit_reason:
-                states[r] = "exited" if st.exit_reason in ("completed", "atexit") else f"exited:{st.exit_reason}"
-            elif r in dead:
-                states[r] = "dead"
-            elif hang and r in hang["ranks"]:
-                states[r] = "hung"
-            elif self.progress_age_s(st, now_s) > thr:
-                states[r] = "waiting"
-            elif slow and r in slow["ranks"]:
-                states[r] = "slow"
-            else:
-                states[r] = "running"
-        return states
 
     @staticmethod
     def partial_stall_grace_s(settings: Settings) -> float:
         """How long a stall of ranks that all wait in collectives may stay partial before they are named."""
         return max(5 * settings.heartbeat_s, 2 * settings.scan_interval_s, 5.0)
 
-    def _hang_rule(self, now_s: float, settings: Settings, dead: set[int]) -> list[Alert]:
-        thr = self.hang_threshold_s(settings)
-        live = [st for st in self.ranks.values() if not st.exit_reason and st.rank not in dead]
-        stalled = [st for st in live if self.progress_age_s(st, now_s) > thr]
-        crashed = [st for st in self.ranks.values() if st.exit_reason in ("exception", "signal")]
+    def _hang_rule(self, view: JobView, now_s: float, settings: Settings, dead: set[int]) -> list[Alert]:
+        thr = self.hang_threshold_s(view, settings)
+        rows = view.rows
+        live = [r for r in rows.values() if not r.exit_reason and r.rank not in dead]
+        stalled = [r for r in live if view.age(r, now_s) > thr]
+        crashed = [r for r in rows.values() if r.exit_reason in CRASH_REASONS]
         cur = self.incidents.get("hang")
-        if cur is not None and all(self.ranks[r].exit_reason for r in cur["ranks"] if r in self.ranks):
+        if cur is not None and all(rows[r].exit_reason for r in cur["ranks"] if r in rows) \
+                and any(r in rows for r in cur["ranks"]):
             if stalled:
-                # The named ranks are gone and the others still wait for them (a hung job being torn
-                # down): the same incident. Resolving it here made the next scan open a new one that
-                # named the ranks the teardown had killed, and left that as the job's last word.
-                return []
-            reasons = sorted({self.ranks[r].exit_reason for r in cur["ranks"] if r in self.ranks})
+                return []   # a hung job being torn down: the others still wait for the named ranks
+            reasons = sorted({rows[r].exit_reason for r in cur["ranks"] if r in rows})
             return self._resolve("hang", now_s, f"culprit ranks exited ({', '.join(reasons)})")
         if not stalled:
             self.waiters_stalled_since_s = -1.0
-            return self._resolve("hang", now_s, "progress resumed" if live else "no rank left running")
-        whole_job = len(stalled) == len(live)
+            return self._resolve("hang", now_s, "progress resumed" if view.live else "no rank left running")
+        live_total = view.live - len(dead) if not view.exact else len(live)
+        whole_job = view.min_age_s > thr if not view.exact else len(stalled) == len(live)
+        whole_job = whole_job or len(stalled) >= live_total
         if crashed and cur is None:
-            culprits = crashed  # peers wait for a rank that died with an exception or signal
+            culprits = crashed
         elif whole_job:
-            min_step = min(st.last_step for st in stalled)
-            at_min = [st for st in stalled if st.last_step == min_step]
-            not_waiting = [st for st in at_min if st.stacks and not waiting_in_collective(main_stack(st.stacks))]
+            min_step = min(r.last_step for r in stalled)
+            at_min = [r for r in stalled if r.last_step == min_step]
+            not_waiting = [r for r in at_min if r.waiting == 0]
             culprits = not_waiting or at_min
         else:
-            # Ranks cross the threshold a heartbeat apart: when only ranks waiting in a collective
-            # have crossed it, the rank they wait for is about to. Wait up to a grace period
-            # instead of naming the victims; a stalled rank that is not waiting is named at once.
-            not_waiting = [st for st in stalled if st.stacks and not waiting_in_collective(main_stack(st.stacks))]
+            not_waiting = [r for r in stalled if r.waiting == 0]
             if not_waiting:
                 culprits = not_waiting
             else:
@@ -237,97 +295,139 @@ class JobMonitor:
                 culprits = stalled
         if whole_job or culprits is not stalled:
             self.waiters_stalled_since_s = -1.0
-        groups = group_stacks(stalled)
-        ranks = sorted(st.rank for st in culprits)
-        step = min(st.last_step for st in culprits)
-        age = max(self.progress_age_s(st, now_s) for st in culprits)
+        groups = self._groups(view, stalled)
+        ranks = sorted(r.rank for r in culprits)
+        step = min(r.last_step for r in culprits)
+        age = max(view.age(r, now_s) for r in culprits)
         where = ""
         for g in groups:
             if set(g.ranks) & set(ranks) and g.frames:
                 where = f" in {g.frames[-1]}"
                 break
+        shown = ranks[:MAX_ALERT_RANKS]
+        more = f" and {len(ranks) - 16} more" if len(ranks) > 16 else ""
         summary = (f"job {self.job} hung: rank{'s' if len(ranks) > 1 else ''} "
-                   f"{','.join(map(str, ranks))} stuck after step {step} for {age:.0f}s{where}")
-        details = {"threshold_s": round(thr, 3), "stalled_ranks": sorted(st.rank for st in stalled),
+                   f"{','.join(map(str, shown[:16]))}{more} "
+                   f"stuck after step {step} for {age:.0f}s{where}")
+        details = {"threshold_s": round(thr, 3), "stalled_ranks": sorted(r.rank for r in stalled)[:MAX_DETAIL_RANKS],
+                   "stalled_count": max(len(stalled), live_total if whole_job else len(stalled)),
                    "whole_job_stalled": whole_job, "progress_age_s": round(age, 1)}
-        return self._open_or_update("hang", now_s, ranks, step, summary, "critical", groups, details,
-                                    changed_keys=(tuple(ranks), tuple((tuple(g.ranks), tuple(g.frames)) for g in groups)))
+        if len(ranks) > len(shown):
+            details["culprit_count"] = len(ranks)
+        return self._open_or_update("hang", now_s, shown, step, summary, "critical", groups, details)
 
-    def _dead_rule(self, now_s: float, dead: list[int]) -> list[Alert]:
+    @staticmethod
+    def _groups(view: JobView, stalled: list[Row]) -> list[StackGroup]:
+        """Identical main-thread stacks of the stalled ranks, merged across ranks, largest group last."""
+        by_sig: dict[str, list[int]] = {}
+        for r in stalled:
+            if r.stack_sig:
+                by_sig.setdefault(r.stack_sig, []).append(r.rank)
+        out = []
+        for sig, ranks in by_sig.items():
+            info = view.stacks.get(sig)
+            if info is None:
+                continue
+            sample = sorted(set(ranks) | (set() if view.exact else set(info.sample)))[:MAX_GROUP_RANKS]
+            out.append(StackGroup(ranks=sample, thread="MainThread", frames=list(info.frames),
+                                  waiting_in_collective=waiting_in_collective(info.frames),
+                                  count=len(ranks) if view.exact else max(info.count, len(ranks))))
+        out.sort(key=lambda g: (g.waiting_in_collective, g.count, g.ranks))
+        return out
+
+    def _dead_rule(self, view: JobView, now_s: float, dead: list[int]) -> list[Alert]:
         if not dead:
+            cur = self.incidents.get("dead_rank")
+            if cur is not None and view.world_size and view.ranks < view.world_size \
+                    and not any(r in view.rows for r in cur["ranks"]):
+                return []   # the silent rank is no longer known to any shard: unknown is not alive
             return self._resolve("dead_rank", now_s, "heartbeats resumed or ranks exited")
-        first = dead[0]
-        st = self.ranks[first]
-        summary = (f"job {self.job}: rank {first} stopped sending heartbeats {now_s - st.hb_recv_s:.0f}s ago "
-                   f"at step {st.last_step} with no exit record (killed, OOM or node loss)"
+        first = view.rows[dead[0]]
+        summary = (f"job {self.job}: rank {first.rank} stopped sending heartbeats {now_s - first.hb_ns / 1e9:.0f}s ago "
+                   f"at step {first.last_step} with no exit record (killed, OOM or node loss)"
                    + (f"; {len(dead)} ranks silent" if len(dead) > 1 else ""))
-        details = {"dead_ranks": dead, "first_silent": first, "host": st.host, "pid": st.pid}
-        return self._open_or_update("dead_rank", now_s, [first], st.last_step, summary, "critical", [],
-                                    details, changed_keys=(tuple(dead),))
+        details = {"dead_ranks": dead[:MAX_DETAIL_RANKS], "dead_count": len(dead), "first_silent": first.rank,
+                   "host": first.host, "pid": first.pid}
+        return self._open_or_update("dead_rank", now_s, [first.rank], first.last_step, summary, "critical", [], details)
 
-    def _slow_rule(self, now_s: float, settings: Settings, dead: set[int]) -> list[Alert]:
-        live = {r: st for r, st in self.ranks.items() if not st.exit_reason and r not in dead}
-        if not live:
+    def _busy_medians(self, view: JobView, settings: Settings, dead: set[int]) -> dict[int, float]:
+        return {r.rank: float(r.busy_med_ns) for r in view.rows.values()
+                if not r.exit_reason and r.rank not in dead and r.window_steps >= settings.straggler_min_steps}
+
+    def _slow_rule(self, view: JobView, now_s: float, settings: Settings, dead: set[int]) -> list[Alert]:
+        if view.min_step < 0:
             return []
-        min_step = min(st.last_step for st in live.values())
+        min_step = view.min_step
         if min_step < self.last_eval_min_step + max(1, settings.straggler_window // 4):
             return []
         new_steps = min_step - self.last_eval_min_step if self.last_eval_min_step >= 0 else 0
         self.last_eval_min_step = min_step
-        medians = {r: statistics.median(st.busy[-settings.straggler_window:])
-                   for r, st in live.items() if len(st.busy) >= settings.straggler_min_steps}
-        if len(medians) < 3:
+        medians = self._busy_medians(view, settings, dead)
+        n_busy = len(medians) if view.exact else sum(view.busy_hist.values())
+        if n_busy < 3:
             return []
-        flagged = slow_ranks(medians, settings.straggler_z, settings.straggler_min_rel)
-        for r, st in live.items():
-            z, is_slow = flagged.get(r, (0.0, False))
-            st.busy_z = z
-            st.slow_evals = st.slow_evals + 1 if is_slow else 0
-            st.ok_evals = 0 if is_slow else st.ok_evals + 1
+        if view.exact:
+            flagged = slow_ranks(medians, settings.straggler_z, settings.straggler_min_rel)
+            base = statistics.median(medians.values())
+        else:
+            base = hist_quantile(view.busy_hist, 0.5)
+            scale = max(1.4826 * hist_mad(view.busy_hist, base), 0.05 * base, 1000.0)
+            flagged = {r: ((v - base) / scale, (v - base) / scale > settings.straggler_z
+                           and v > base * (1 + settings.straggler_min_rel)) for r, v in medians.items()}
         open_ranks = set(self.incidents.get("slow_rank", {}).get("ranks", []))
+        for r in set(self.slow_evals) | set(flagged):
+            z, is_slow = flagged.get(r, (0.0, False))
+            self.busy_z[r] = z
+            self.slow_evals[r] = self.slow_evals.get(r, 0) + 1 if is_slow else 0
+            self.ok_evals[r] = 0 if is_slow else self.ok_evals.get(r, 0) + 1
         # Hysteresis: a rank joins after straggler_persist flagged evaluations in a row and leaves
-        # after as many unflagged ones.
-        slow = sorted(r for r, st in live.items()
-                      if st.slow_evals >= settings.straggler_persist
-                      or (r in open_ranks and st.ok_evals < settings.straggler_persist))
+        # after as many unflagged ones, or at once when it stops stepping or exits.
+        slow = sorted(r for r in self.slow_evals if r in medians and (
+            self.slow_evals[r] >= settings.straggler_persist
+            or (r in open_ranks and self.ok_evals.get(r, 0) < settings.straggler_persist)))
+        for r in [r for r in self.slow_evals if self.slow_evals[r] == 0 and r not in slow]:
+            self.slow_evals.pop(r)
+            self.ok_evals.pop(r, None)
+            self.busy_z.pop(r, None)
         if not slow:
             return self._resolve("slow_rank", now_s, "no rank slower than its peers")
-        base = statistics.median(medians.values())
         excess_ns = sum(max(0.0, medians[r] - base) for r in slow)
-        world = max(self.world_size, len(self.ranks))
+        world = max(view.world_size, view.ranks)
         self.lost_rank_seconds += excess_ns * world * new_steps / 1e9
-        details = {"median_busy_ms": {str(r): round(v / 1e6, 3) for r, v in sorted(medians.items())},
+        shown = sorted(medians, key=lambda r: -medians[r])[:MAX_DETAIL_RANKS]
+        details = {"median_busy_ms": {str(r): round(medians[r] / 1e6, 3) for r in sorted(shown)},
                    "baseline_busy_ms": round(base / 1e6, 3),
-                   "busy_z": {str(r): round(live[r].busy_z, 2) for r in slow},
+                   "busy_z": {str(r): round(self.busy_z.get(r, 0.0), 2) for r in slow[:MAX_DETAIL_RANKS]},
                    "lost_rank_seconds_per_step": round(excess_ns * world / 1e9, 6),
                    "evidence": "busy time = step time minus time blocked in collectives"}
         worst = max(slow, key=lambda r: medians[r])
-        summary = (f"job {self.job}: rank{'s' if len(slow) > 1 else ''} {','.join(map(str, slow))} slow: "
+        summary = (f"job {self.job}: rank{'s' if len(slow) > 1 else ''} {','.join(map(str, slow[:16]))} slow: "
                    f"busy {medians[worst] / 1e6:.1f} ms/step vs {base / 1e6:.1f} ms median of peers "
                    f"({medians[worst] / base if base else float('inf'):.1f}x)")
-        return self._open_or_update("slow_rank", now_s, slow, min_step, summary, "warning", [], details,
-                                    changed_keys=(tuple(slow),), lost=self.lost_rank_seconds)
+        return self._open_or_update("slow_rank", now_s, slow[:MAX_ALERT_RANKS], min_step, summary, "warning", [],
+                                    details, lost=self.lost_rank_seconds)
 
     # Incident lifecycle -------------------------------------------------------------------------
     def _open_or_update(self, kind: str, now_s: float, ranks: list[int], step: int, summary: str,
                         severity: str, groups: list[StackGroup], details: dict[str, Any],
-                        changed_keys: tuple, lost: float = 0.0) -> list[Alert]:
+                        lost: float = 0.0) -> list[Alert]:
         now_ns = int(now_s * 1e9)
         cur = self.incidents.get(kind)
-        if cur is not None and cur["_key"] == repr(changed_keys):
+        draft = Alert(alert_id="", job=self.job, kind=kind, status="open", severity=severity, ranks=ranks, step=step,
+                      opened_ns=now_ns, updated_ns=now_ns, version=1, summary=summary,
+                      lost_rank_seconds=round(lost, 3), stack_groups=groups, details=details)
+        key = _change_key(draft)
+        if cur is not None and cur["_key"] == key:
             if kind != "slow_rank" or abs(cur["lost_rank_seconds"] - lost) < max(1.0, 0.2 * lost):
                 return []
         if cur is None:
             self.incident_count += 1
-            alert_id = f"{self.job}:{kind}:{now_ns}"
-            version, status, opened = 1, "open", now_ns
+            alert = dataclasses.replace(draft, alert_id=f"{self.job}:{kind}:{now_ns}")
         else:
-            alert_id, version, status, opened = cur["alert_id"], cur["version"] + 1, "update", cur["opened_ns"]
-        alert = Alert(alert_id=alert_id, job=self.job, kind=kind, status=status, severity=severity, ranks=ranks,
-                      step=step, opened_ns=opened, updated_ns=now_ns, version=version, summary=summary,
-                      lost_rank_seconds=round(lost, 3), stack_groups=groups, details=details)
+            alert = dataclasses.replace(draft, alert_id=cur["alert_id"], version=cur["version"] + 1,
+                                        status="update", opened_ns=cur["opened_ns"])
         d = dataclasses.asdict(alert)
-        d["_key"] = repr(changed_keys)
+        d["_key"] = key
         self.incidents[kind] = d
         return [alert]
 
@@ -343,16 +443,22 @@ class JobMonitor:
         return [Alert(stack_groups=groups, **cur)]
 
 
+def _change_key(alert: Alert) -> str:
+    """What must change for an open incident to publish an update."""
+    if alert.kind == "hang":
+        return repr((tuple(alert.ranks), tuple((tuple(g.ranks), tuple(g.frames)) for g in alert.stack_groups)))
+    if alert.kind == "dead_rank":
+        return repr((tuple(alert.details.get("dead_ranks", [])),))
+    return repr((tuple(alert.ranks),))
+
+
 def slow_ranks(medians: dict[int, float], z_min: float, min_rel: float) -> dict[int, tuple[float, bool]]:
     """Each rank's robust z against its peers, and whether it is flagged: ``(z, flagged)`` per rank.
 
     The baseline of a rank is the median of the *other* ranks, and the scale 1.4826 x their MAD
-    (floored at 5% of that median): a slow rank must not move its own baseline. With the rank
-    itself in the group (until stop 12), 4 ranks with one 4x slower and one noisy peer gave
-    {4.2, 4.2, 8.1, 16.5} ms -> z 3.6 for the slow rank, under the threshold, so the persistence
-    count restarted and the alert came late or, before a hang, never. Flagged: z > ``z_min`` and
-    more than ``min_rel`` above the baseline. O(n log n): removing one value moves a sorted list's
-    median by at most one place."""
+    (floored at 5% of that median): a slow rank must not move its own baseline, or in a small job
+    it hides inside the spread it causes. Flagged: z > ``z_min`` and more than ``min_rel`` above
+    the baseline. O(n log n): removing one value moves a sorted list's median by at most one place."""
     order = sorted(medians, key=lambda r: medians[r])
     vals = [medians[r] for r in order]
     if len(vals) < 2:
@@ -380,30 +486,3 @@ def _median_without(sorted_vals: list[float], pos: int) -> float:
         return sorted_vals[k] if k < pos else sorted_vals[k + 1]
 
     return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
-
-
-def main_stack(stacks: list[dict[str, Any]] | None) -> list[str]:
-    if not stacks:
-        return []
-    for s in stacks:
-        if s.get("thread") == "MainThread":
-            return list(s.get("frames", []))
-    return list(stacks[0].get("frames", []))
-
-
-def waiting_in_collective(frames: list[str]) -> bool:
-    """True when the innermost frames show a torch.distributed call (the rank waits for others)."""
-    return any(any(m in f for m in COLLECTIVE_MARKERS) for f in frames[-6:])
-
-
-def group_stacks(states: list[RankState]) -> list[StackGroup]:
-    """Identical main-thread stacks merged across ranks (line numbers included), largest group last."""
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for st in states:
-        frames = tuple(main_stack(st.stacks))
-        if frames:
-            groups.setdefault(frames, []).append(st.rank)
-    out = [StackGroup(ranks=sorted(r), thread="MainThread", frames=list(f), waiting_in_collective=waiting_in_collective(list(f)))
-           for f, r in groups.items()]
-    out.sort(key=lambda g: (g.waiting_in_collective, len(g.ranks), g.ranks))
-    return out

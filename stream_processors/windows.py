@@ -57,11 +57,11 @@ class WindowCollector:
         win.meta[env.rank] = {k: b.get(k) for k in ("first_step", "last_step", "truncated", "events_total")}
         return key
 
-    def complete(self, key: tuple[str, str], monitor: Any) -> bool:
+    def complete(self, key: tuple[str, str], job_ranks: list[int] | None) -> bool:
+        """True when every expected rank (``job_ranks``: the job's running ranks, when known) sent its summary."""
         win = self._open.get(key)
         if win is None:
             return False
-        job_ranks = sorted(r for r, st in monitor.ranks.items() if not st.exit_reason) if monitor else None
         exp = self.expected_from(win, job_ranks)
         return bool(exp) and set(exp) <= set(win.frames)
 

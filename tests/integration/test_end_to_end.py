@@ -55,6 +55,17 @@ def pipeline(kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory)
         print("processors log tail:\n" + tail(proc_log))
 
 
+def latest_stats(values: list[bytes], job: str, *fields: str) -> dict[int, object]:
+    """The latest statistics row of every rank of ``job`` (ranks arrive from several shards)."""
+    out: dict[int, object] = {}
+    for v in values:
+        env = decode(v)
+        if env.job == job:
+            for r in env.body["ranks"]:
+                out[r["rank"]] = r[fields[0]] if len(fields) == 1 else tuple(r[f] for f in fields)
+    return out
+
+
 def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]) -> None:
     settings, store, work = pipeline
     job = f"slowhang-{uuid.uuid4().hex[:6]}"
@@ -114,12 +125,7 @@ def test_healthy_run_raises_no_alert(pipeline: tuple[Settings, Store, Path]) -> 
 
     def all_exited() -> bool:
         stats.poll(1.0)
-        for v in reversed(stats.values):
-            env = decode(v)
-            if env.job == job:
-                states = {r["rank"]: r["state"] for r in env.body["ranks"]}
-                return states == {0: "exited", 1: "exited", 2: "exited", 3: "exited"}
-        return False
+        return latest_stats(stats.values, job, "state") == {0: "exited", 1: "exited", 2: "exited", 3: "exited"}
 
     # The processors have seen every rank's exit record: all of its step records were evaluated.
     wait_until(all_exited, 120, "processors to see all four ranks exit")
@@ -168,12 +174,8 @@ def test_bad_input_is_dead_lettered_and_valid_records_survive(pipeline: tuple[Se
 
     def processed() -> bool:
         stats.poll(1.0)
-        for v in reversed(stats.values):
-            env = decode(v)
-            if env.job == job:
-                return sorted((r["rank"], r["step"], r["window_steps"]) for r in env.body["ranks"]) == \
-                    [(r, 29, 20) for r in range(4)]
-        return False
+        got = latest_stats(stats.values, job, "step", "window_steps")
+        return got == {r: (29, 20) for r in range(4)}
 
     wait_until(processed, 120, "the processors to take all 120 valid step records")
     stats.close()

@@ -13,12 +13,17 @@ from rankscope.wire import decode
 class RecordingTransport:
     def __init__(self) -> None:
         self.sent: list[bytes] = []
+        self.sent_keys: list[tuple[str, bytes]] = []
         self.dropped = 0
         self.closed = False
 
     def send(self, topic: str, key: bytes, value: bytes) -> bool:
         self.sent.append(value)
+        self.sent_keys.append((topic, key))
         return True
+
+    def keys(self, topic_suffix: str = "steps") -> list[bytes]:
+        return [k for t, k in self.sent_keys if t.endswith(topic_suffix)]
 
     def close(self, timeout_s: float) -> None:
         self.closed = True
@@ -34,7 +39,7 @@ def make(clock: ManualClock, **kw) -> tuple[Tracer, RecordingTransport]:
     return Tracer(s, clock=clock, transport=t, install_collective_timing=False, handle_signals=False), t
 
 
-def test_steps_are_batched_and_exit_is_sent():
+def test_steps_travel_in_beats_keyed_by_rank_and_exit_is_sent():
     clock = ManualClock()
     tracer, t = make(clock)
     for _ in range(5):
@@ -42,7 +47,10 @@ def test_steps_are_batched_and_exit_is_sent():
         tracer.step()
     tracer.close()
     msgs = t.messages()
-    steps = [m for m in msgs if m.kind == "steps"]
+    steps = [m for m in msgs if m.kind == "beat"]
+    assert {m.kind for m in msgs} == {"beat", "exit"}
+    assert steps[-1].body["hb_step"] == 4 and steps[-1].body["world_size"] == 4
+    assert set(t.keys()) == {b"job1/2"}
     assert sum(len(m.body["step"]) for m in steps) == 5
     assert steps[0].body["step"][:2] == [0, 1]
     assert all(abs(e - s - 10_000_000) < 1000 for m in steps for s, e in zip(m.body["start_ns"], m.body["end_ns"], strict=True))

@@ -4,7 +4,16 @@ import msgpack
 import pytest
 
 from rankscope.config import ConfigError, Settings
-from rankscope.wire import Envelope, WireError, decode, encode, steps_rows
+from rankscope.wire import (
+    SCHEMA_VERSION,
+    Envelope,
+    WireError,
+    decode,
+    encode,
+    rank_key,
+    split_beat,
+    steps_rows,
+)
 
 
 def env(kind="steps", body=None, **kw):
@@ -16,7 +25,7 @@ def env(kind="steps", body=None, **kw):
 
 def test_roundtrip_steps():
     e = decode(encode(env()))
-    assert e.kind == "steps" and e.rank == 1 and e.v == 1
+    assert e.kind == "steps" and e.rank == 1 and e.v == SCHEMA_VERSION
     assert steps_rows(e)[1] == {"step": 1, "start_ns": 10, "end_ns": 20, "comm_ns": 2}
 
 
@@ -35,6 +44,31 @@ def test_decode_rejects_with_reason(payload, reason):
     with pytest.raises(WireError) as ei:
         decode(payload)
     assert ei.value.reason == reason
+
+
+BEAT = {"step": [4, 5], "start_ns": [0, 10], "end_ns": [10, 20], "comm_ns": [1, 2], "hb_step": 5,
+        "since_step_s": 0.25, "dropped": 3, "world_size": 8, "local_rank": 1, "stacks": None}
+
+
+def test_v2_beat_splits_into_the_v1_pair():
+    e = decode(encode(env("beat", BEAT)))
+    steps, hb = split_beat(e)
+    assert (steps.kind, steps.rank, steps.seq, steps.sent_ns) == ("steps", 1, 3, 99)
+    assert steps_rows(steps)[0] == {"step": 4, "start_ns": 0, "end_ns": 10, "comm_ns": 1}
+    assert hb.kind == "heartbeat" and hb.body == {"step": 5, "since_step_s": 0.25, "dropped": 3, "world_size": 8,
+                                                  "local_rank": 1, "stacks": None}
+    assert rank_key("job-1", 7) == b"job-1/7"
+
+
+def test_v1_messages_still_decode_and_v1_cannot_carry_a_beat():
+    v1 = msgpack.packb({**env().to_dict(), "v": 1})
+    assert decode(v1).v == 1 and decode(v1).kind == "steps"
+    with pytest.raises(WireError) as ei:
+        decode(msgpack.packb({**env("beat", BEAT).to_dict(), "v": 1}))
+    assert ei.value.reason == "unknown_kind"
+    with pytest.raises(WireError) as ei:
+        decode(encode(env("beat", {**BEAT, "comm_ns": [1]})))
+    assert ei.value.reason == "bad_body"
 
 
 def test_truncated_message_is_rejected():

@@ -3,6 +3,7 @@ and a store that fails its first insert)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -18,7 +19,7 @@ from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode
+from rankscope.wire import Envelope, decode, encode
 from storage.sink import (
     TABLE_COLUMNS,
     Columns,
@@ -60,6 +61,11 @@ def heartbeat_msg(rank: int, step: int, seq: int, sent_ns: int, stacks: list | N
     return encode(env("heartbeat", {"step": step, "since_step_s": 0.5, "dropped": 0, "world_size": 2,
                                     "local_rank": rank, "stacks": stacks},
                       job=job, rank=rank, seq=seq, sent_ns=sent_ns))
+
+
+def beat_msg(steps: Envelope, hb: Envelope) -> bytes:
+    body = {**steps.body, "hb_step": hb.body["step"], **{k: v for k, v in hb.body.items() if k != "step"}}
+    return encode(dataclasses.replace(hb, kind="beat", body=body))
 
 
 def flight_msg(rank: int, seq: int, sent_ns: int, steps: list, job: str = "job-a") -> bytes:
@@ -378,10 +384,13 @@ def test_sink_stores_valid_records_and_dead_letters_the_rest(sink_settings: Sett
         target = phase1 if first < steps_per_rank // 2 else phase2
         for rank in (0, 1):
             seq[rank] += 1
-            target.append((Topic.STEPS, key, steps_msg(rank, first, chunk, seq[rank])))
-            target.append((Topic.STEPS, key, heartbeat_msg(
-                rank, first + chunk - 1, seq[rank], T0 + (first + chunk) * 10_000_000,
-                stacks=[{"thread": "MainThread", "frames": ["train.py:10 step"]}] if rank else None)))
+            steps = steps_msg(rank, first, chunk, seq[rank])
+            hb = heartbeat_msg(rank, first + chunk - 1, seq[rank], T0 + (first + chunk) * 10_000_000,
+                               stacks=[{"thread": "MainThread", "frames": ["train.py:10 step"]}] if rank else None)
+            if rank == 0:   # a v1 rank: steps and heartbeat apart, keyed by job
+                target += [(Topic.STEPS, key, steps), (Topic.STEPS, key, hb)]
+            else:           # a v2 rank of the same job (rolling upgrade): one beat, keyed by rank
+                target.append((Topic.STEPS, b"job-a/1", beat_msg(decode(steps), decode(hb))))
         target.append((Topic.STATS, key, stats_msg(T0 + first, first)))
         target.append((Topic.HW, b"job-a/0", hw_msg(0, [T0 + first * 1000 + i for i in range(4)])))
         if bad:

@@ -1,10 +1,13 @@
-"""Detection rules replayed with an injected time (no Kafka)."""
+"""Detection rules replayed with an injected time (no Kafka), through both stages: ranks spread
+over shards, job-wide rules on the shards' summaries."""
 
 from __future__ import annotations
 
 from rankscope.config import Settings
 from rankscope.wire import Envelope
-from stream_processors.monitor import JobMonitor, group_stacks, slow_ranks, waiting_in_collective
+from stream_processors.monitor import JobMonitor, slow_ranks
+from stream_processors.pipeline import TwoStage
+from stream_processors.stacks import waiting_in_collective
 
 S = Settings(hang_min_s=10, hang_factor=8, dead_after_s=6, straggler_window=20, straggler_min_steps=8,
              straggler_z=4, straggler_min_rel=0.5, straggler_persist=3)
@@ -38,7 +41,7 @@ def feed_healthy(mon, now, first=0, n=30, slow_rank=None):
 
 
 def test_healthy_job_raises_nothing():
-    mon = JobMonitor(job="j")
+    mon = TwoStage(job="j")
     alerts = []
     for i in range(10):
         feed_healthy(mon, 100.0 + i, first=i * 10, n=10)
@@ -48,7 +51,7 @@ def test_healthy_job_raises_nothing():
 
 
 def test_slow_rank_needs_persistence_then_alerts_and_resolves():
-    mon = JobMonitor(job="j")
+    mon = TwoStage(job="j")
     out = []
     for i in range(6):
         feed_healthy(mon, 100.0 + i, first=i * 10, n=10, slow_rank=2)
@@ -67,7 +70,7 @@ def test_slow_rank_needs_persistence_then_alerts_and_resolves():
 
 
 def test_hang_names_culprit_by_stack_and_groups_waiters():
-    mon = JobMonitor(job="j")
+    mon = TwoStage(job="j")
     feed_healthy(mon, 100.0, n=30)
     assert mon.scan(100.0, S) == []
     for r in range(4):
@@ -94,7 +97,7 @@ def test_hang_names_culprit_by_stack_and_groups_waiters():
 
 
 def test_dead_rank_is_first_silent_and_exit_is_not_death():
-    mon = JobMonitor(job="j")
+    mon = TwoStage(job="j")
     feed_healthy(mon, 100.0, n=30)
     mon.apply(env("exit", 0, {"step": 29, "reason": "completed", "detail": ""}), 101.0, S)
     for t in range(101, 110):
@@ -106,34 +109,30 @@ def test_dead_rank_is_first_silent_and_exit_is_not_death():
     assert mon.rank_states(109.0, S)[0] == "exited"
 
 
-def test_roundtrip_state_dict():
-    mon = JobMonitor(job="j")
-    feed_healthy(mon, 100.0, n=12, slow_rank=1)
-    mon.scan(100.0, S)
-    again = JobMonitor.from_dict(mon.to_dict())
-    assert again.to_dict() == mon.to_dict()
-
-
 def test_helpers():
     flagged = slow_ranks({0: 2.0e6, 1: 2.1e6, 2: 8e6, 3: 1.9e6}, 4, 0.5)
     assert [r for r, (_, f) in flagged.items() if f] == [2]
     assert waiting_in_collective(WAIT_FRAMES) and not waiting_in_collective(HANG_FRAMES)
-    assert group_stacks([]) == []
 
 
 def test_backlog_read_at_once_still_finds_the_slow_rank():
-    # A processor that starts late reads 200 steps per rank in one go, within one scan interval.
-    mon = JobMonitor(job="j")
+    # A processor that starts late reads 200 steps per rank in one go, then the job goes on: the
+    # slowness must persist for straggler_persist evaluations before it is named, backlog or not.
+    mon = TwoStage(job="j")
     for first in range(0, 200, 20):
         for r in range(4):
             mon.apply(steps(r, first, 20, 8_000_000 if r == 1 else 2_000_000), 100.0, S)
     alerts = mon.scan(100.0, S)
+    for i in range(1, S.straggler_persist):
+        for r in range(4):
+            mon.apply(steps(r, 200 + 20 * (i - 1), 20, 8_000_000 if r == 1 else 2_000_000), 100.0 + i, S)
+        alerts += mon.scan(100.0 + i, S)
     assert (alerts[0].kind, alerts[0].status, alerts[0].ranks) == ("slow_rank", "open", [1])
     assert all(a.kind == "slow_rank" and a.ranks == [1] for a in alerts)
 
 
 def test_waiters_crossing_the_threshold_first_are_not_named():
-    mon = JobMonitor(job="j")
+    mon = TwoStage(job="j")
     feed_healthy(mon, 100.0, n=30)
     wait = [{"thread": "MainThread", "frames": WAIT_FRAMES}]
     # Ranks 0 and 2 report first: stalled and waiting in a collective; 1 and 3 not over the threshold yet.
@@ -150,7 +149,7 @@ def test_waiters_crossing_the_threshold_first_are_not_named():
 
 
 def test_partial_stall_of_waiters_is_named_after_the_grace_period():
-    mon = JobMonitor(job="j")
+    mon = TwoStage(job="j")
     feed_healthy(mon, 100.0, n=30)
     wait = [{"thread": "MainThread", "frames": WAIT_FRAMES}]
     grace = JobMonitor.partial_stall_grace_s(S)
@@ -170,15 +169,15 @@ def test_partial_stall_of_waiters_is_named_after_the_grace_period():
 def test_progress_rows_plan_one_start_step_for_every_rank():
     from rankscope.trace_start import plan_start_step
 
-    mon = JobMonitor(job="j")
+    mon = TwoStage(job="j")
     feed_healthy(mon, 100.0, first=0, n=30)
-    rows = mon.progress_rows()
+    rows = mon.progress_rows(100.0, S)
     assert [(r["rank"], r["step"], r["median_step_ns"]) for r in rows] == [(k, 29, STEP_NS) for k in range(4)]
     last_end = rows[0]["ts_ns"]
     assert last_end == 30 * STEP_NS
     # One second after the last step ended, one second ahead, 10 ms steps: 200 steps on, plus 1 and 2.
     assert plan_start_step(rows, last_end + 10**9, 10**9) == 29 + 1 + 200 + 2
-    assert plan_start_step(JobMonitor(job="k").progress_rows(), 0, 10**9) == 0
+    assert plan_start_step(TwoStage(job="k").progress_rows(0.0, S), 0, 10**9) == 0
 
 
 def test_slow_rank_is_judged_against_its_peers_not_a_group_it_inflates():
@@ -195,7 +194,7 @@ def test_slow_rank_is_judged_against_its_peers_not_a_group_it_inflates():
 def test_slow_rank_alerts_although_a_noisy_peer_moves_the_group():
     # Rank 3 alternates between 2 and 4 ms busy per window of 20 steps; rank 1 is 4x slow throughout.
     # Every evaluation must flag rank 1, so the alert opens after straggler_persist evaluations.
-    mon = JobMonitor(job="j")
+    mon = TwoStage(job="j")
     opened = []
     for i in range(8):
         for r in range(4):
@@ -209,7 +208,7 @@ def test_slow_rank_alerts_although_a_noisy_peer_moves_the_group():
 def test_tearing_down_a_hung_job_keeps_the_culprit_named():
     # Rank 3 hangs and is named. The job is killed: rank 3 and two waiters exit (signal, exception)
     # while rank 0 is still stuck. The incident stays rank 3's; it resolves once no rank is left.
-    mon = JobMonitor(job="j")
+    mon = TwoStage(job="j")
     feed_healthy(mon, 100.0, n=30)
     for r in range(4):
         frames = HANG_FRAMES if r == 3 else WAIT_FRAMES

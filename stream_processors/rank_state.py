@@ -1,0 +1,116 @@
+"""One rank's state as the processors see it, and the fold of its steps-topic messages into it.
+
+The fold is idempotent and order-safe, so the same message read twice (a restart re-reads the
+recent input, faust re-delivers after a crash) changes nothing:
+- step records at or below the rank's last step are skipped;
+- a message sent before the newest one already folded is skipped (per rank, by ``sent_ns``);
+- times are event times: the message's send time, clamped to the processor's clock, so state
+  rebuilt from a backlog equals the state built live. Messages without a send time (0) use the
+  processor's time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankscope.wire import Envelope, split_beat
+
+EXTRAPOLATION_CAP_S = 3.0   # a lagging processor extrapolates progress age by at most this much
+CRASH_REASONS = ("exception", "signal")
+
+
+@dataclass(slots=True)
+class RankState:
+    rank: int
+    host: str = ""
+    pid: int = 0
+    last_step: int = -1
+    last_step_end_ns: int = 0
+    durations: list[int] = field(default_factory=list)
+    busy: list[int] = field(default_factory=list)
+    comm: list[int] = field(default_factory=list)
+    hb_s: float = 0.0              # event time of the latest message (seconds)
+    hb_step: int = -1
+    hb_since_s: float = 0.0        # seconds since the last step, as the rank measured at that time
+    stacks: list[dict[str, Any]] | None = None
+    exit_reason: str = ""
+    exit_detail: str = ""
+    dropped: int = 0
+    last_sent_ns: int = 0
+    last_seq: int = 0
+    version: int = 0               # bumped by every change of the step window (median caches)
+    _medians: tuple[int, int, int, int] = (-1, 0, 0, 0)   # (version, step, busy, comm)
+
+    def progress_age_s(self, now_s: float) -> float:
+        """Seconds since the rank last finished a step, extrapolated from its latest heartbeat."""
+        return self.hb_since_s + min(max(0.0, now_s - self.hb_s), EXTRAPOLATION_CAP_S)
+
+    def medians(self) -> tuple[int, int, int]:
+        """Median step, busy and collective-wait time (ns) over the rolling window; 0 when empty."""
+        if self._medians[0] != self.version:
+            if self.durations:
+                self._medians = (self.version, int(statistics.median(self.durations)),
+                                 int(statistics.median(self.busy)), int(statistics.median(self.comm)))
+            else:
+                self._medians = (self.version, 0, 0, 0)
+        return self._medians[1], self._medians[2], self._medians[3]
+
+    @property
+    def crashed(self) -> bool:
+        return self.exit_reason in CRASH_REASONS
+
+
+def event_s(env: Envelope, now_s: float) -> float:
+    """The message's send time in seconds, clamped to ``now_s``; ``now_s`` when it has none."""
+    return now_s if env.sent_ns <= 0 else min(env.sent_ns / 1e9, now_s)
+
+
+def fold(st: RankState, env: Envelope, now_s: float, window: int) -> int:
+    """Fold one ``steps``, ``heartbeat``, ``beat`` or ``exit`` message; return the new steps taken.
+
+    ``window`` bounds the rolling step, busy and wait lists. Never raises on a decoded message."""
+    if 0 < env.sent_ns < st.last_sent_ns:
+        return 0   # older than what this rank already told us
+    if env.kind == "beat":
+        steps, hb = split_beat(env)
+        return fold(st, steps, now_s, window) + fold(st, hb, now_s, window)
+    if st.pid and st.pid != env.pid and env.kind != "exit":
+        st.last_step, st.exit_reason = -1, ""   # the rank restarted in a new process
+    st.host, st.pid = env.host, env.pid
+    st.last_sent_ns = max(st.last_sent_ns, env.sent_ns)
+    st.last_seq = env.seq
+    b = env.body
+    t = event_s(env, now_s)
+    new = 0
+    if env.kind == "steps":
+        for s, a, e, c in zip(b["step"], b["start_ns"], b["end_ns"], b["comm_ns"], strict=True):
+            if s <= st.last_step:
+                continue
+            dur = max(0, e - a)
+            st.durations.append(dur)
+            st.comm.append(max(0, c))
+            st.busy.append(max(0, dur - c))
+            st.last_step, st.last_step_end_ns = s, e
+            new += 1
+        if new:
+            if len(st.durations) > window:
+                del st.durations[:-window], st.busy[:-window], st.comm[:-window]
+            st.version += 1
+            st.hb_since_s = 0.0
+        st.hb_s = max(st.hb_s, t)
+        st.exit_reason = ""
+    elif env.kind == "heartbeat":
+        st.hb_s = max(st.hb_s, t)
+        st.hb_step = b["step"]
+        st.hb_since_s = float(b["since_step_s"])
+        st.stacks = b["stacks"]
+        st.dropped = b["dropped"]
+    elif env.kind == "exit":
+        st.exit_reason = b["reason"]
+        st.exit_detail = b["detail"]
+        st.hb_s = max(st.hb_s, t)
+        st.last_step = max(st.last_step, b["step"])
+    return new
+

@@ -1,0 +1,138 @@
+"""The compact per-shard summary that the job-wide rules run on (wire kind ``shard``).
+
+A shard is one partition of the steps topic. Every scan interval the worker that owns it sends,
+per job with ranks on it, one summary: counts and histograms over all of the job's ranks there,
+plus rows for at most a few hundred ranks that a rule may name (the longest without progress,
+the lowest steps, the slowest, the silent, the crashed; every rank when there are few). Its size
+is bounded whatever the job size (:data:`MAX_SUMMARY_BYTES`); :meth:`ShardSummary.from_body`
+validates at the boundary and raises :class:`~rankscope.wire.WireError`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from rankscope.wire import WireError
+
+MAX_SUMMARY_BYTES = 60_000
+HIST_BINS_PER_OCTAVE = 16
+
+
+class Row(NamedTuple):
+    rank: int
+    host: str
+    pid: int
+    last_step: int
+    last_step_end_ns: int
+    hb_ns: int            # event time of the rank's latest message
+    hb_since_s: float     # seconds since its last step, at that time
+    step_med_ns: int
+    busy_med_ns: int
+    window_steps: int
+    stack_sig: str        # "" when the heartbeat had no stacks
+    waiting: int          # 1 waiting in a collective, 0 not, -1 no stacks
+    exit_reason: str
+    exit_detail: str
+    dropped: int
+
+    def progress_age_s(self, now_s: float, cap_s: float) -> float:
+        return self.hb_since_s + min(max(0.0, now_s - self.hb_ns / 1e9), cap_s)
+
+
+_ROW_TYPES = (int, str, int, int, int, int, (int, float), int, int, int, str, int, str, str, int)
+
+
+@dataclass
+class StackInfo:
+    count: int
+    waiting: bool
+    frames: list[str]
+    sample: list[int]
+
+
+@dataclass
+class ShardSummary:
+    shard: int
+    ts_ns: int
+    agg: dict[str, Any]
+    rows: list[Row] = field(default_factory=list)
+    stacks: dict[str, StackInfo] = field(default_factory=dict)
+
+    def to_body(self) -> dict[str, Any]:
+        return {"shard": self.shard, "ts_ns": self.ts_ns, "agg": self.agg, "rows": [list(r) for r in self.rows],
+                "stacks": {k: [v.count, v.waiting, v.frames, v.sample] for k, v in self.stacks.items()}}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> ShardSummary:
+        rows = []
+        for raw in body["rows"]:
+            if not isinstance(raw, list) or len(raw) != len(_ROW_TYPES):
+                raise WireError("bad_body", "shard.rows entry has the wrong shape")
+            for v, t in zip(raw, _ROW_TYPES, strict=True):
+                if not isinstance(v, t) or isinstance(v, bool):
+                    raise WireError("bad_body", f"shard.rows value {v!r} is not {t}")
+            rows.append(Row(*raw))
+        stacks = {}
+        for sig, raw in body["stacks"].items():
+            if not (isinstance(raw, list) and len(raw) == 4 and isinstance(raw[0], int) and isinstance(raw[2], list)
+                    and isinstance(raw[3], list)):
+                raise WireError("bad_body", "shard.stacks entry has the wrong shape")
+            stacks[str(sig)] = StackInfo(count=raw[0], waiting=bool(raw[1]), frames=[str(f) for f in raw[2]],
+                                         sample=[int(r) for r in raw[3]])
+        agg = body["agg"]
+        for name in AGG_INTS:
+            if not isinstance(agg.get(name), int) or isinstance(agg.get(name), bool):
+                raise WireError("bad_body", f"shard.agg.{name} missing or not an integer")
+        for name in ("step_hist", "busy_hist"):
+            if not isinstance(agg.get(name), dict):
+                raise WireError("bad_body", f"shard.agg.{name} missing")
+        return cls(shard=body["shard"], ts_ns=body["ts_ns"], agg=agg, rows=rows, stacks=stacks)
+
+
+AGG_INTS = ("ranks", "live", "exited", "crashed", "silent", "world_size", "min_step", "max_step",
+            "max_step_end_ns", "max_step_med_ns", "newest_hb_ns", "busy_n", "retired")
+
+
+def hist_bin(ns: float) -> int:
+    """Log-spaced histogram bin of a positive duration (16 bins per doubling, about 4% wide)."""
+    return int(math.floor(math.log2(max(ns, 1.0)) * HIST_BINS_PER_OCTAVE))
+
+
+def bin_value(b: int) -> float:
+    """The centre of bin ``b`` in ns."""
+    return float(2 ** ((b + 0.5) / HIST_BINS_PER_OCTAVE))
+
+
+def hist_add(into: dict[int, int], other: dict[Any, int]) -> None:
+    for k, v in other.items():
+        into[int(k)] = into.get(int(k), 0) + int(v)
+
+
+def hist_quantile(hist: dict[int, int], q: float) -> float:
+    """The ``q`` quantile (0..1) of a histogram, as a bin centre; 0 when empty."""
+    total = sum(hist.values())
+    if total <= 0:
+        return 0.0
+    target = q * (total - 1)
+    seen = 0
+    for b in sorted(hist):
+        seen += hist[b]
+        if seen > target:
+            return bin_value(b)
+    return bin_value(max(hist))
+
+
+def hist_mad(hist: dict[int, int], center: float) -> float:
+    """Median absolute deviation from ``center`` of the values a histogram holds (bin centres)."""
+    pairs = sorted((abs(bin_value(b) - center), n) for b, n in hist.items())
+    total = sum(n for _, n in pairs)
+    if total == 0:
+        return 0.0
+    seen = 0
+    for d, n in pairs:
+        seen += n
+        if seen > (total - 1) / 2:
+            return d
+    return pairs[-1][0]
