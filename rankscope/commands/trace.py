@@ -76,12 +76,14 @@ def known_ranks(settings: Settings, job: str, timeout_s: float = 5.0) -> dict[st
 
 
 def latest_stats(settings: Settings, timeout_s: float = 5.0) -> dict[str, list[dict[str, Any]]]:
-    """Per job, the rank rows of the latest stats message (tail of the stats topic)."""
+    """Per job, the latest stats row of each rank (tail of the stats topic; a job's ranks arrive in
+    messages from several shards)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     topic = Topic.STATS.name_for(settings)
     c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rankscope-cli-{uuid.uuid4().hex[:8]}",
                   "enable.auto.commit": False})
+    latest: dict[str, dict[int, dict[str, Any]]] = {}
     jobs: dict[str, list[dict[str, Any]]] = {}
     try:
         md = c.list_topics(topic, timeout=timeout_s)
@@ -111,9 +113,15 @@ def latest_stats(settings: Settings, timeout_s: float = 5.0) -> dict[str, list[d
                 env = decode(msg.value())
             except WireError:
                 continue
-            jobs[env.job] = [r for r in env.body["ranks"] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
+            rows = latest.setdefault(env.job, {})
+            for r in env.body["ranks"]:
+                if isinstance(r, dict) and isinstance(r.get("rank"), int) and \
+                        r.get("ts_ns", 0) >= rows.get(r["rank"], {}).get("ts_ns", 0):
+                    rows[r["rank"]] = r
     finally:
         c.close()
+    for job, rows in latest.items():
+        jobs[job] = [rows[r] for r in sorted(rows)]
     return jobs
 
 
