@@ -24,7 +24,7 @@ MAX_FRAMES = 24
 MAX_FRAME_CHARS = 200
 MAX_DETAIL_CHARS = 300
 STACK_SAMPLE = 8
-STATS_ROWS_PER_MESSAGE = 400
+STATS_ROWS_PER_MESSAGE = 250
 
 
 class ShardJob:
@@ -109,6 +109,7 @@ class ShardJob:
             heapq.nsmallest(k, live, key=lambda s: s.last_step),                    # lowest steps
             heapq.nlargest(k, (s for s in live if len(s.busy) >= settings.straggler_min_steps),
                            key=lambda s: s.medians()[1]),                           # slowest
+            [s for s in live if s.stacks and not waiting_in_collective(main_stack(s.stacks))][:k],  # stuck elsewhere
             silent[:k],                                                              # first to go silent
             sorted(crashed, key=lambda s: s.hb_s)[:k],                               # first to fail
         ):
