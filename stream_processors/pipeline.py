@@ -8,6 +8,7 @@ interval of the faust workers does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rankscope.alerts import Alert
@@ -18,14 +19,16 @@ from stream_processors.shard import ShardJob
 
 
 class TwoStage:
-    def __init__(self, job: str, shards: int = 4) -> None:
+    def __init__(self, job: str, shards: int = 4, shard_of: Callable[[Envelope], int] | None = None) -> None:
+        """``shard_of`` picks a message's shard (default: rank modulo ``shards``, as v2 keys spread)."""
         self.job = job
         self.n_shards = shards
+        self.shard_of = shard_of or (lambda env: env.rank % shards)
         self.shards: dict[int, ShardJob] = {}
         self.monitor = JobMonitor(job=job)
 
     def apply(self, env: Envelope, now_s: float, settings: Settings) -> None:
-        shard = env.rank % self.n_shards
+        shard = self.shard_of(env)
         sj = self.shards.get(shard)
         if sj is None:
             sj = self.shards[shard] = ShardJob(self.job, shard)

@@ -225,3 +225,45 @@ def test_tearing_down_a_hung_job_keeps_the_culprit_named():
     [resolved] = mon.scan(115.0, S)
     assert (resolved.kind, resolved.status, resolved.ranks) == ("hang", "resolved", [3])
     assert "exited" in resolved.details["resolution"]
+
+
+def test_rolling_upgrade_v1_ranks_beside_v2_ranks_and_a_rank_that_moves_shard():
+    # v1 ranks key by job: all on shard 0; v2 ranks (kind beat) key by rank: rank % 4. Rank 1 is
+    # upgraded mid-run: its v1 process exits, a new v2 process of rank 1 goes on from another shard.
+    upgraded = set()
+    mon = TwoStage(job="j", shard_of=lambda e: e.rank % 4 if e.kind == "beat" or e.rank in upgraded else 0)
+
+    def v2(rank, first, n, t, since=0.0, stacks=None, pid_offset=0):
+        s = steps(rank, first, n, 2_000_000)
+        body = {**s.body, "hb_step": first + n - 1, "since_step_s": since, "dropped": 0, "world_size": 4,
+                "local_rank": rank, "stacks": stacks}
+        return Envelope(kind="beat", job="j", rank=rank, host="h", pid=100 + rank + pid_offset, seq=1,
+                        sent_ns=0, body=body)
+
+    alerts = []
+    for i in range(6):
+        t = 100.0 + i
+        for r in (0, 1):
+            if r == 1 and i >= 3:
+                continue
+            mon.apply(steps(r, i * 10, 10, 2_000_000), t, S)
+            mon.apply(hb(r, i * 10 + 9, 0.0), t, S)
+        if i == 3:
+            mon.apply(env("exit", 1, {"step": 29, "reason": "signal", "detail": "SIGTERM"}), t, S)
+            upgraded.add(1)
+        if i >= 3:
+            mon.apply(v2(1, i * 10, 10, t, pid_offset=1000), t, S)
+        for r in (2, 3):
+            mon.apply(v2(r, i * 10, 10, t), t, S)
+        alerts += mon.scan(t, S)
+    assert alerts == [], [a.summary for a in alerts]
+    assert mon.rank_states(105.0, S) == {0: "running", 1: "running", 2: "running", 3: "running"}
+    # Rank 2 (v2) hangs; every other rank waits in a collective: rank 2 is named.
+    t = 117.0
+    for r in (0,):
+        mon.apply(hb(r, 59, 12.0, [{"thread": "MainThread", "frames": WAIT_FRAMES}]), t, S)
+    mon.apply(v2(1, 60, 0, t, 12.0, [{"thread": "MainThread", "frames": WAIT_FRAMES}], pid_offset=1000), t, S)
+    mon.apply(v2(3, 60, 0, t, 12.0, [{"thread": "MainThread", "frames": WAIT_FRAMES}]), t, S)
+    mon.apply(v2(2, 60, 0, t, 12.0, [{"thread": "MainThread", "frames": HANG_FRAMES}]), t, S)
+    [a] = [a for a in mon.scan(t, S) if a.kind == "hang"]
+    assert a.ranks == [2] and "hang_forever" in a.summary
