@@ -350,19 +350,37 @@ class JobMonitor:
                    "host": first.host, "pid": first.pid}
         return self._open_or_update("dead_rank", now_s, [first.rank], first.last_step, summary, "critical", [], details)
 
-    def _busy_medians(self, view: JobView, settings: Settings, dead: set[int]) -> dict[int, float]:
+    def _busy_medians(self, view: JobView, now_s: float, settings: Settings, dead: set[int]) -> dict[int, float]:
+        """Median busy time of the ranks that step: exited, dead and stalled ranks are left out."""
+        thr = self.hang_threshold_s(view, settings)
         return {r.rank: float(r.busy_med_ns) for r in view.rows.values()
-                if not r.exit_reason and r.rank not in dead and r.window_steps >= settings.straggler_min_steps}
+                if not r.exit_reason and r.rank not in dead and r.window_steps >= settings.straggler_min_steps
+                and view.age(r, now_s) <= thr}
 
     def _slow_rule(self, view: JobView, now_s: float, settings: Settings, dead: set[int]) -> list[Alert]:
         if view.min_step < 0:
             return []
+        cur = self.incidents.get("slow_rank")
+        if cur is not None:
+            # A slow rank that stops stepping (hung, dead, exited) leaves the incident at once.
+            stepping = self._busy_medians(view, now_s, settings, dead)
+            gone = [r for r in cur["ranks"] if r in view.rows and r not in stepping]
+            if gone:
+                for r in gone:
+                    self.slow_evals.pop(r, None)
+                    self.ok_evals.pop(r, None)
+                remaining = [r for r in cur["ranks"] if r not in gone]
+                why = f"rank{'s' if len(gone) > 1 else ''} {','.join(map(str, gone))} stopped stepping"
+                if not remaining:
+                    return self._resolve("slow_rank", now_s, why)
+                return self._open_or_update("slow_rank", now_s, remaining, cur["step"], f"{cur['summary']} ({why})",
+                                            "warning", [], {**cur["details"], "left": gone}, lost=self.lost_rank_seconds)
         min_step = view.min_step
         if min_step < self.last_eval_min_step + max(1, settings.straggler_window // 4):
             return []
         new_steps = min_step - self.last_eval_min_step if self.last_eval_min_step >= 0 else 0
         self.last_eval_min_step = min_step
-        medians = self._busy_medians(view, settings, dead)
+        medians = self._busy_medians(view, now_s, settings, dead)
         n_busy = len(medians) if view.exact else sum(view.busy_hist.values())
         if n_busy < 3:
             return []

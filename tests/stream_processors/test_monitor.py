@@ -267,3 +267,24 @@ def test_rolling_upgrade_v1_ranks_beside_v2_ranks_and_a_rank_that_moves_shard():
     mon.apply(v2(2, 60, 0, t, 12.0, [{"thread": "MainThread", "frames": HANG_FRAMES}]), t, S)
     [a] = [a for a in mon.scan(t, S) if a.kind == "hang"]
     assert a.ranks == [2] and "hang_forever" in a.summary
+
+
+def test_a_slow_rank_that_hangs_leaves_the_slow_incident_at_once():
+    mon = TwoStage(job="j")
+    opened = []
+    for i in range(6):
+        feed_healthy(mon, 100.0 + i, first=i * 10, n=10, slow_rank=2)
+        opened += [a for a in mon.scan(100.0 + i, S) if a.status == "open"]
+    assert [a.ranks for a in opened] == [[2]]
+    # rank 2 stops stepping; the others go on
+    t = 106.0
+    for k in range(12):
+        for r in (0, 1, 3):
+            mon.apply(steps(r, 60 + k, 1, 2_000_000), t + k, S)
+            mon.apply(hb(r, 60 + k, 0.0), t + k, S)
+        mon.apply(hb(2, 59, float(k + 1)), t + k, S)
+        out = [a for a in mon.scan(t + k, S) if a.kind == "slow_rank"]
+        if out:
+            break
+    assert [(a.status, a.details["resolution"]) for a in out] == [("resolved", "rank 2 stopped stepping")]
+    assert k + 1 > S.hang_min_s   # once it crossed the hang threshold, not before
