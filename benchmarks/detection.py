@@ -48,7 +48,7 @@ def _one(settings: Any, consumer: Any, steps_consumer: Any) -> dict[str, float]:
                 if msg.error():
                     continue
                 m = msgpack.unpackb(msg.value())
-                if m["job"] == job and m["kind"] == "steps":
+                if m["job"] == job and m["kind"] in ("steps", "beat") and m["body"]["step"]:
                     step_ns += [e - s for s, e in zip(m["body"]["start_ns"], m["body"]["end_ns"], strict=True)]
                     if m["rank"] == 3:
                         last_end_ns = max(last_end_ns, max(m["body"]["end_ns"]))

@@ -88,7 +88,7 @@ def test_broker_outage_does_not_stall_training(tmp_path: Path) -> None:
             m = msgpack.unpackb(v)
             if m["job"] != job:
                 continue
-            if m["kind"] == "steps":
+            if m["kind"] in ("steps", "beat") and m["body"]["step"]:
                 last = max(last, max(m["body"]["step"]))
             exited |= m["kind"] == "exit"
         return last, exited
