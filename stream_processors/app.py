@@ -1,16 +1,17 @@
 """The faust-streaming worker: two stages over Kafka, reports, dead letters.
 
-- ``fold`` agent (steps topic, key = job/rank from v2 ranks, job from v1 ranks): batches of
-  events folded into the :class:`~stream_processors.stages.ShardStage` of the partitions this
-  worker owns. Undecodable input becomes a dead letter with its reason and a counter.
+- stage one, :class:`~stream_processors.folder.ShardFolder` (steps topic, key = job/rank from v2
+  ranks, job from v1 ranks): a consumer thread of its own group folds batches into the shard
+  state of the partitions this worker owns and publishes the shard summaries and statistics
+  every scan interval. Undecodable input becomes a dead letter with its reason and a counter.
 - ``judge`` agent (shards topic, key = job): shard summaries into the
   :class:`~stream_processors.stages.JobStage`.
-- ``tick`` timer (every scan_interval_s): every shard's summary and statistics out, then the
-  job-wide rules; alert changes (JSON) go to the alerts topic.
+- ``tick`` timer (every scan_interval_s): the job-wide rules; alert changes (JSON) go to the
+  alerts topic.
 - ``reports`` agent (summaries topic): trace-window summaries into diagnosis reports.
-State: none in faust tables. A worker that takes partitions rebuilds them from recent input and
-takes back open incidents from the alerts topic (stream_processors/rebuild.py) before faust
-resumes them. A failing event is logged, counted and skipped; a failing timer tick is logged and
+State: none in faust tables. A worker that takes steps partitions rebuilds them from recent input,
+and one that takes shards partitions takes back open incidents from the alerts topic
+(stream_processors/rebuild.py), before it consumes them. A failing event is logged, counted and skipped; a failing timer tick is logged and
 the next tick runs; an error outside them crashes the worker, which exits non-zero for its
 supervisor to restart it.
 """
@@ -33,9 +34,10 @@ from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.topics import Topic
 from rankscope.trace_start import START_LEAD_NS, plan_start_step
 from rankscope.wire import Envelope, WireError, decode
-from stream_processors.rebuild import open_incidents, rebuild_shards
+from stream_processors.folder import ShardFolder
+from stream_processors.rebuild import open_incidents
 from stream_processors.report_alerts import ReportAlerts
-from stream_processors.stages import STEPS_KINDS, JobStage, Sender, ShardStage
+from stream_processors.stages import JobStage, Sender
 from stream_processors.windows import WindowCollector
 
 log = logging.getLogger("rankscope.processors")
@@ -66,14 +68,14 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     topics = {t: app.topic(t.name_for(settings), partitions=settings.topic_partitions, **raw) for t in Topic}
     names = {t.name_for(settings): t for t in Topic}
     sender = Sender(socket.gethostname(), os.getpid())
-    shard_stage = ShardStage(settings, sender)
+    counter = DeadLetterCounter()
+    folder = ShardFolder(settings, f"{app_id(settings)}-shards", clock, counter, sender)
     job_stage = JobStage(settings)
     collector = WindowCollector()
     report_alerts = ReportAlerts()
     auto_traced: dict[str, float] = {}
-    counter = DeadLetterCounter()
     app.rankscope_deadletters = counter  # type: ignore[attr-defined]
-    app.rankscope_stages = (shard_stage, job_stage)  # type: ignore[attr-defined]
+    app.rankscope_stages = (folder, job_stage)  # type: ignore[attr-defined]
 
     async def dead_letter(msg: Any, value: Any, reason: str, detail: str) -> None:
         counter.add("processors", reason)
@@ -98,42 +100,25 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     # Partitions come and go ---------------------------------------------------------------------
     @app.on_partitions_revoked.connect
     async def on_revoked(app: Any, revoked: Any, **kw: Any) -> None:
-        shard_stage.revoke({tp.partition for tp in revoked if names.get(tp.topic) is Topic.STEPS})
         job_stage.revoke({tp.partition for tp in revoked if names.get(tp.topic) is Topic.SHARDS})
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app: Any, assigned: Any, **kw: Any) -> None:
-        steps = sorted({tp.partition for tp in assigned if names.get(tp.topic) is Topic.STEPS}
-                       - {p for p, _ in shard_stage.shards})
         jobs = sorted({tp.partition for tp in assigned if names.get(tp.topic) is Topic.SHARDS}
                       - set(job_stage.partition_of.values()))
         loop = asyncio.get_running_loop()
-        now_s = clock.wall_ns() / 1e9
-        rebuilt = await loop.run_in_executor(None, rebuild_shards, settings, steps, now_s)
-        shard_stage.install(rebuilt)
-        incidents = await loop.run_in_executor(None, open_incidents, settings, jobs, now_s)
+        incidents = await loop.run_in_executor(None, open_incidents, settings, jobs, clock.wall_ns() / 1e9)
         for p, alerts in incidents.items():
             job_stage.restore(p, alerts)
         opened = sum(len(m.incidents) for m in job_stage.monitors.values())
-        log.warning("assigned steps partitions %s (%d shard jobs rebuilt), shards partitions %s (%d open incidents)",
-                    steps, len(rebuilt), jobs, opened)
+        log.warning("assigned shards partitions %s (%d open incidents)", jobs, opened)
 
-    # Stage one: fold ----------------------------------------------------------------------------
-    @app.agent(topics[Topic.STEPS], concurrency=1)
-    async def fold(stream: Any) -> None:
-        async for events in stream.take_events(settings.processors_batch, within=0.05):
-            now_s = clock.wall_ns() / 1e9
-            for event in events:
-                env = await decode_or_deadletter(event, STEPS_KINDS)
-                if env is None:
-                    continue
-                try:
-                    shard_stage.ingest(event.message.partition, env, now_s)
-                except Exception as e:
-                    counter.add("processors", "apply_failed")
-                    log.exception("failed to apply %s from %s/%s: %s", env.kind, env.job, env.rank, e)
+    # Stage one: fold, on its own thread ---------------------------------------------------------
+    @app.task
+    async def start_folder() -> None:
+        folder.start()
 
-    # Stage two: judge ---------------------------------------------------------------------------
+        # Stage two: judge ---------------------------------------------------------------------------
     @app.agent(topics[Topic.SHARDS], concurrency=1)
     async def judge(stream: Any) -> None:
         async for event in stream.events():
@@ -151,11 +136,6 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     @app.timer(interval=settings.scan_interval_s)
     async def tick() -> None:
         now_s = clock.wall_ns() / 1e9
-        try:
-            for topic, key, value in shard_stage.tick(now_s):
-                await topics[topic].send(key=key, value=value)
-        except Exception as e:
-            log.exception("shard tick failed: %s", e)
         for alert in job_stage.tick(now_s):
             log.warning("alert %s %s: %s", alert.status, alert.kind, alert.summary)
             try:
@@ -250,4 +230,7 @@ def run_worker(settings: Settings, loglevel: str = "WARNING") -> None:
     from faust.worker import Worker
 
     app = build_app(settings)
-    Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+    try:
+        Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+    finally:
+        app.rankscope_stages[0].stop()  # type: ignore[attr-defined]
