@@ -19,8 +19,11 @@ Measured:
   per partition of the steps topic, the group's committed offset; the message just before it is
   read with a separate consumer (assign + seek) and lag = now - its envelope ``sent_ns`` when newer
   messages exist, 0 when caught up (nothing committed yet: the age of the partition's first
-  message). p50/p99 over every (second, partition) sample while the generator runs. faust commits
-  every ~2.8 s, so the processors' lag has a floor of a few seconds even when they keep up;
+  message). p50/p99 over every (second, partition) sample while the generator runs. The processors'
+  groups are found by their id (it starts with the faust app id, ``app_id()``): the one that holds
+  the steps topic gives "processors" lag; where a second stage consumes the shards topic, its lag is
+  reported as "processors_stage2". A group that commits every few seconds (faust: ~2.8 s) has a lag
+  floor of that much even when it keeps up;
 - hang alert latency past the threshold: the alert's receive time (read from the alerts topic)
   minus (the culprit's last step end + ``hang_min_s``), and whether it names the culprit;
 - whether the slow and the dead rank are named, and false alerts (any alert of a kind not
@@ -151,42 +154,54 @@ class ResourceSampler(threading.Thread):
 
 
 class LagSampler(threading.Thread):
-    """Every second, per partition of the steps topic and per consumer group: now - sent_ns of the
-    last message the group committed, when newer messages exist (0 when caught up)."""
+    """Every second, for each (label -> consumer group, topic) and each partition of the topic:
+    now - sent_ns of the last message the group committed, when newer messages exist (0 when
+    caught up; nothing committed yet: the age of the partition's first message)."""
 
-    def __init__(self, settings: Settings, groups: dict[str, str]) -> None:
+    def __init__(self, settings: Settings, targets: dict[str, tuple[str, str]]) -> None:
         super().__init__(name="scale-lag", daemon=True)
         from confluent_kafka import Consumer
 
-        self.topic = Topic.STEPS.name_for(settings)
         base = {"bootstrap.servers": settings.bootstrap, "enable.auto.commit": False}
-        self.meta = {name: Consumer({**base, "group.id": gid}) for name, gid in groups.items()}
+        self.targets = targets
+        self.meta = {label: Consumer({**base, "group.id": gid}) for label, (gid, _) in targets.items()}
+        # Small fetches and prefetch: only the first message at each offset is wanted.
         self.reader = Consumer({**base, "group.id": f"scale-lag-{uuid.uuid4().hex[:8]}", "fetch.wait.max.ms": 10,
-                                "auto.offset.reset": "earliest"})
-        self.partitions = sorted(self.reader.list_topics(self.topic, timeout=30).topics[self.topic].partitions)
-        self.samples: dict[str, list[tuple[float, int, float]]] = {name: [] for name in groups}  # (t, p, lag s)
+                                "auto.offset.reset": "earliest", "max.partition.fetch.bytes": 65536,
+                                "queued.max.messages.kbytes": 2048})
+        self.partitions = {t: sorted(self.reader.list_topics(t, timeout=30).topics[t].partitions)
+                           for t in {t for _, t in targets.values()}}
+        self.samples: dict[str, list[tuple[float, int, float]]] = {label: [] for label in targets}  # (t, p, lag s)
         self.errors = 0
+        self.error_reasons: dict[str, int] = {}
         self.stop = threading.Event()
 
-    def _sent_ns(self, wanted: set[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    def _error(self, reason: str) -> None:
+        self.errors += 1
+        self.error_reasons[reason] = self.error_reasons.get(reason, 0) + 1
+
+    def _sent_ns(self, wanted: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], int]:
+        """sent_ns of the messages at these (topic, partition, offset): one offset per partition."""
         from confluent_kafka import TopicPartition
 
-        if not wanted:
-            return {}
-        got: dict[tuple[int, int], int] = {}
-        self.reader.assign([TopicPartition(self.topic, p, o) for p, o in sorted(wanted)])
+        got: dict[tuple[str, int, int], int] = {}
+        tps = [TopicPartition(t, p, o) for t, p, o in wanted]
+        self.reader.assign(tps)
+        self.reader.resume(tps)   # librdkafka keeps a partition's pause across assignments
+        want = {(t, p): o for t, p, o in wanted}
         deadline = time.monotonic() + 3.0
-        want_by_p = dict(sorted(wanted))  # one offset per partition per round (see sample_once)
         while len(got) < len(wanted) and time.monotonic() < deadline:
-            for m in self.reader.consume(len(wanted), 0.2):
-                if m.error() is not None:
+            for m in self.reader.consume(500, 0.2):
+                if m.error() is not None or want.get((m.topic(), m.partition())) != m.offset():
                     continue
-                key = (m.partition(), m.offset())
-                if want_by_p.get(m.partition()) == m.offset() and key not in got:
+                key = (m.topic(), m.partition(), m.offset())
+                if key not in got:
+                    self.reader.pause([TopicPartition(m.topic(), m.partition())])   # the rest is not wanted
                     try:
-                        got[key] = int(msgpack.unpackb(m.value(), raw=False)["sent_ns"])
+                        got[key] = int(msgpack.unpackb(m.value(), raw=False, strict_map_key=False)["sent_ns"])
                     except Exception:
                         got[key] = 0
+        self.reader.resume(tps)
         self.reader.unassign()
         return got
 
@@ -194,44 +209,45 @@ class LagSampler(threading.Thread):
         from confluent_kafka import TopicPartition
 
         now_ns = time.time_ns()
-        marks = {p: self.reader.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5, cached=False)
-                 for p in self.partitions}
+        marks = {(t, p): self.reader.get_watermark_offsets(TopicPartition(t, p), timeout=5, cached=False)
+                 for t, ps in self.partitions.items() for p in ps}
         need: dict[str, dict[int, int]] = {}
-        for name, c in self.meta.items():
-            committed = c.committed([TopicPartition(self.topic, p) for p in self.partitions], timeout=5)
-            need[name] = {}
+        for label, (_, topic) in self.targets.items():
+            committed = self.meta[label].committed([TopicPartition(topic, p) for p in self.partitions[topic]],
+                                                   timeout=5)
+            need[label] = {}
             for tp in committed:
-                low, high = marks[tp.partition]
+                low, high = marks[(topic, tp.partition)]
                 off = tp.offset
                 if high <= low or (off >= 0 and off >= high):
-                    self.samples[name].append((now_ns / 1e9, tp.partition, 0.0))
+                    self.samples[label].append((now_ns / 1e9, tp.partition, 0.0))
                     continue
-                need[name][tp.partition] = off - 1 if off > low else low
-        # One read per (partition, offset); rounds so each round asks one offset per partition.
-        targets = sorted({(p, o) for d in need.values() for p, o in d.items()})
-        sent: dict[tuple[int, int], int] = {}
+                need[label][tp.partition] = off - 1 if off > low else low
+        # One read per (topic, partition, offset); in rounds that ask one offset per partition.
+        targets = sorted({(self.targets[lb][1], p, o) for lb, d in need.items() for p, o in d.items()})
+        sent: dict[tuple[str, int, int], int] = {}
         while targets:
             round_, rest, seen = [], [], set()
-            for p, o in targets:
-                (rest if p in seen else round_).append((p, o))
-                seen.add(p)
-            sent.update(self._sent_ns(set(round_)))
+            for t, p, o in targets:
+                (rest if (t, p) in seen else round_).append((t, p, o))
+                seen.add((t, p))
+            sent.update(self._sent_ns(round_))
             targets = rest
-        for name, d in need.items():
+        for label, d in need.items():
             for p, o in d.items():
-                s = sent.get((p, o))
-                if s:
-                    self.samples[name].append((now_ns / 1e9, p, max(0.0, (now_ns - s) / 1e9)))
+                sn = sent.get((self.targets[label][1], p, o))
+                if sn:
+                    self.samples[label].append((now_ns / 1e9, p, max(0.0, (now_ns - sn) / 1e9)))
                 else:
-                    self.errors += 1
+                    self._error(f"{label}: message not read" if sn is None else f"{label}: no sent_ns")
 
     def run(self) -> None:
         while not self.stop.is_set():
             t = time.monotonic()
             try:
                 self.sample_once()
-            except Exception:
-                self.errors += 1
+            except Exception as e:
+                self._error(f"{type(e).__name__}: {e}"[:120])
             self.stop.wait(max(0.0, 1.0 - (time.monotonic() - t)))
 
     def close(self) -> None:
@@ -241,8 +257,8 @@ class LagSampler(threading.Thread):
             except Exception:
                 pass
 
-    def summary(self, name: str, t0: float, t1: float) -> dict[str, Any]:
-        rows = [(t, p, v) for t, p, v in self.samples[name] if t0 <= t <= t1]
+    def summary(self, label: str, t0: float, t1: float) -> dict[str, Any]:
+        rows = [(t, p, v) for t, p, v in self.samples[label] if t0 <= t <= t1]
         if not rows:
             return {"p50_s": None, "p99_s": None, "max_s": None, "growth_s_per_s": None, "samples": 0}
         lags = np.array([v for _, _, v in rows])
@@ -253,18 +269,20 @@ class LagSampler(threading.Thread):
         ws = np.array([worst[int(t)] for t in ts])
         keep = ts >= t0 + WARMUP_S
         slope = float(np.polyfit(ts[keep], ws[keep], 1)[0]) if keep.sum() >= 5 else None
-        return {"p50_s": round(float(np.percentile(lags, 50)), 3), "p99_s": round(float(np.percentile(lags, 99)), 3),
+        return {"group": self.targets[label][0], "topic": self.targets[label][1],
+                "p50_s": round(float(np.percentile(lags, 50)), 3), "p99_s": round(float(np.percentile(lags, 99)), 3),
                 "max_s": round(float(lags.max()), 3), "growth_s_per_s": None if slope is None else round(slope, 4),
                 "last_s": round(float(ws[-1]), 3), "samples": len(rows)}
 
-    def caught_up_at(self, name: str, after: float) -> float | None:
+    def caught_up_at(self, label: str, after: float) -> float | None:
         """First second after ``after`` at which every partition's lag was 0."""
+        n = len(self.partitions[self.targets[label][1]])
         by_t: dict[int, list[float]] = {}
-        for t, _, v in self.samples[name]:
+        for t, _, v in self.samples[label]:
             if t >= after:
                 by_t.setdefault(int(t), []).append(v)
         for t in sorted(by_t):
-            if len(by_t[t]) >= len(self.partitions) and max(by_t[t]) == 0.0:
+            if len(by_t[t]) >= n and max(by_t[t]) == 0.0:
                 return float(t)
         return None
 
@@ -300,41 +318,74 @@ class AlertReader(threading.Thread):
 # One configuration
 # ------------------------------------------------------------------------------------------------
 
-def wait_groups(settings: Settings, groups: dict[str, int], timeout_s: float, procs: list[subprocess.Popen]) -> float:
-    """Block until every group is stable with its number of members; returns the seconds it took."""
+def processors_groups(admin: Any, settings: Settings) -> dict[str, Any]:
+    """The processors' consumer groups (ids starting with the faust app id: the faust group, and
+    any group of a stage with its own consumer) -> their description."""
+    listed = admin.list_consumer_groups(request_timeout=5).result(10)
+    ids = [g.group_id for g in listed.valid if g.group_id.startswith(app_id(settings))]
+    if not ids:
+        return {}
+    return {gid: f.result(10) for gid, f in admin.describe_consumer_groups(ids, request_timeout=5).items()}
+
+
+def group_topics(desc: Any) -> set[str]:
+    return {tp.topic for m in desc.members for tp in (m.assignment.topic_partitions or [])}
+
+
+def wait_services(settings: Settings, workers: int, timeout_s: float,
+                  procs: list[subprocess.Popen[bytes]]) -> tuple[float, dict[str, str]]:
+    """Block until every processors group is stable with ``workers`` members (one of them holding
+    the steps topic, another the shards topic where a second stage has one) and the sink group is
+    stable with one member. Returns the seconds it took and topic -> processors group id."""
     from confluent_kafka import ConsumerGroupState
 
     admin = admin_client(settings.bootstrap)
+    steps = Topic.STEPS.name_for(settings)
     t0 = time.monotonic()
     while True:
-        ok = True
-        for gid, members in groups.items():
-            try:
-                d = admin.describe_consumer_groups([gid], request_timeout=5)[gid].result(10)
-                ok &= d.state == ConsumerGroupState.STABLE and len(d.members) == members
-            except Exception:
-                ok = False
+        try:
+            groups = processors_groups(admin, settings)
+            sink = admin.describe_consumer_groups([settings.sink_group], request_timeout=5)[settings.sink_group].result(10)
+            by_topic = {t: gid for gid, d in groups.items() for t in group_topics(d)}
+            ok = (bool(groups) and steps in by_topic
+                  and all(d.state == ConsumerGroupState.STABLE and len(d.members) == workers for d in groups.values())
+                  and sink.state == ConsumerGroupState.STABLE and len(sink.members) == 1)
+        except Exception:
+            ok = False
         if ok:
-            return time.monotonic() - t0
+            return time.monotonic() - t0, by_topic
         if any(p.poll() is not None for p in procs):
             raise RuntimeError(f"a service exited while starting: {[p.args for p in procs if p.poll() is not None]}")
         if time.monotonic() - t0 > timeout_s:
-            raise RuntimeError(f"consumer groups {groups} not stable after {timeout_s:.0f} s")
+            raise RuntimeError(f"processors/sink consumer groups not stable after {timeout_s:.0f} s")
         time.sleep(0.5)
 
 
-def judge_alerts(alerts: list[tuple[int, Alert]], job: str, faults: dict[str, Any], settings: Settings) -> dict[str, Any]:
+def judge_alerts(alerts: list[tuple[int, Alert]], job: str, faults: dict[str, Any], settings: Settings,
+                 end_ns: int) -> dict[str, Any]:
+    """Planted faults named or not, and false alerts: an incident of a kind not planted, or one whose
+    versions received before ``end_ns`` (the generator's last beat, before its exit records) name a
+    rank other than the one planted for its kind. Versions after it (the job's exit records close
+    incidents) are counted apart, as ``after_end_extra_ranks``."""
     planted = {"hang": faults["hang"]["rank"], "slow_rank": faults["slow"]["rank"], "dead_rank": faults["dead"]["rank"]}
     mine = [(t, a) for t, a in alerts if a.job == job]
     incidents: dict[str, dict[str, Any]] = {}
     for t, a in mine:
-        inc = incidents.setdefault(a.alert_id, {"kind": a.kind, "ranks": set(), "first_recv_ns": t, "summaries": []})
-        inc["ranks"] |= set(a.ranks)
-        if len(inc["summaries"]) < 3:
-            inc["summaries"].append(f"{a.status} v{a.version}: {a.summary}")
-    false = [{"alert_id": k, "kind": v["kind"], "ranks": sorted(v["ranks"])[:20], "summaries": v["summaries"]}
+        inc = incidents.setdefault(a.alert_id, {"kind": a.kind, "ranks": set(), "ranks_after_end": set(),
+                                                "first_recv_ns": t, "summaries": []})
+        inc["ranks" if t < end_ns else "ranks_after_end"] |= set(a.ranks)
+        if len(inc["summaries"]) < 3 or inc["ranks"] - {planted.get(a.kind)}:
+            inc["summaries"] = [*inc["summaries"][:2], f"{a.status} v{a.version} at end{(t - end_ns) / 1e9:+.1f}s: "
+                                                       f"{a.summary} (ranks {sorted(a.ranks)[:10]})"]
+
+    def extra(v: dict[str, Any], key: str) -> list[int]:
+        return sorted(v[key] - {planted.get(v["kind"])})
+
+    false = [{"alert_id": k, "kind": v["kind"], "extra_ranks": extra(v, "ranks")[:20],
+              "n_extra_ranks": len(extra(v, "ranks")), "summaries": v["summaries"]}
              for k, v in incidents.items()
-             if v["kind"] not in planted or v["ranks"] - {planted[v["kind"]]}]
+             if v["first_recv_ns"] < end_ns and (v["kind"] not in planted or extra(v, "ranks"))]
+    after_end = {k: len(extra(v, "ranks_after_end")) for k, v in incidents.items() if extra(v, "ranks_after_end")}
 
     def first(kind: str, rank: int) -> tuple[int, Alert] | None:
         return next(((t, a) for t, a in mine if a.kind == kind and rank in a.ranks), None)
@@ -354,7 +405,7 @@ def judge_alerts(alerts: list[tuple[int, Alert]], job: str, faults: dict[str, An
         "dead_named": dead is not None,
         "dead_alert_after_silence_s": (round((dead[0] - faults["dead"].get("last_sent_ns", faults["dead"]["at_ns"]))
                                              / 1e9, 3) if dead else None),
-        "false_alerts": len(false), "false_alert_list": false[:10],
+        "false_alerts": len(false), "false_alert_list": false[:10], "after_end_extra_ranks": after_end,
         "alert_messages": len(mine), "incidents": len(incidents),
     }
 
@@ -385,11 +436,15 @@ def run_config(base: Settings, ranks: int, workers: int, duration_s: float, wire
                 stdout=open(cfgdir / f"processors-{i}.log", "wb"), stderr=subprocess.STDOUT)
         services["sink"] = subprocess.Popen([sys.executable, "-m", "rankscope", "sink"], env=env_for(settings), cwd=ROOT,
                                             stdout=open(cfgdir / "sink.log", "wb"), stderr=subprocess.STDOUT)
-        out["groups_ready_s"] = round(wait_groups(settings, {app_id(settings): workers, settings.sink_group: 1}, 180,
-                                                  list(services.values())), 1)
+        ready_s, by_topic = wait_services(settings, workers, 180, list(services.values()))
+        out["groups_ready_s"] = round(ready_s, 1)
         for name, p in services.items():
             res.watch(name, p.pid)
-        lag = LagSampler(settings, {"processors": app_id(settings), "sink": settings.sink_group})
+        steps, shards = Topic.STEPS.name_for(settings), Topic.SHARDS.name_for(settings)
+        targets = {"processors": (by_topic[steps], steps), "sink": (settings.sink_group, steps)}
+        if shards in by_topic:   # the processors' second stage (job-wide rules on shard summaries)
+            targets["processors_stage2"] = (by_topic[shards], shards)
+        lag = LagSampler(settings, targets)
         alerts = AlertReader(settings)
         for t in (res, lag, alerts):
             t.start()
@@ -410,7 +465,7 @@ def run_config(base: Settings, ranks: int, workers: int, duration_s: float, wire
         # Tail: until the planted faults are named (or TAIL_MAX_S) and the processors drained.
         tail_end = time.time() + TAIL_MAX_S
         while time.time() < tail_end:
-            j = judge_alerts(alerts.alerts, job, gen_out["faults"], settings)
+            j = judge_alerts(alerts.alerts, job, gen_out["faults"], settings, gen_out["end_ns"])
             drained = lag.caught_up_at("processors", t1) is not None
             if j["hang_named"] and j["slow_named"] and j["dead_named"] and drained:
                 break
@@ -423,11 +478,14 @@ def run_config(base: Settings, ranks: int, workers: int, duration_s: float, wire
         out["faults"] = gen_out["faults"]
         out["processors_lag"] = lag.summary("processors", t0, t1)
         out["sink_lag"] = lag.summary("sink", t0, t1)
+        if "processors_stage2" in targets:
+            out["processors_stage2_lag"] = lag.summary("processors_stage2", t0, t1)
         for name in ("processors", "sink"):
             at = lag.caught_up_at(name, t1)
             out[f"{name}_drained_after_end_s"] = None if at is None else round(max(0.0, at - t1), 1)
         out["lag_sample_errors"] = lag.errors
-        out["alerts"] = judge_alerts(alerts.alerts, job, gen_out["faults"], settings)
+        out["lag_sample_error_reasons"] = lag.error_reasons
+        out["alerts"] = judge_alerts(alerts.alerts, job, gen_out["faults"], settings, gen_out["end_ns"])
         out["resources"] = res.summary(t0, t1)
         proc_cpu = sum(v["cpu_s_during_run"] for k, v in out["resources"].items() if k.startswith("processors"))
         out["processors_cpu_us_per_rank_s"] = round(1e6 * proc_cpu / (ranks * (t1 - t0)), 2)
@@ -477,6 +535,7 @@ def config_row(c: dict[str, Any]) -> dict[str, Any]:
             "steps msg/s": c["loadgen"]["steps_topic_rate_msgs_s"], "kept up": c["loadgen"]["kept_up"],
             "proc lag p50": c["processors_lag"]["p50_s"], "proc lag p99": c["processors_lag"]["p99_s"],
             "proc growth": c["processors_lag"]["growth_s_per_s"],
+            "stage2 lag p99": c.get("processors_stage2_lag", {}).get("p99_s"),
             "sink lag p50": c["sink_lag"]["p50_s"], "sink lag p99": c["sink_lag"]["p99_s"],
             "hang late s": a["hang_alert_latency_past_threshold_s"], "hang named": a["hang_named"],
             "slow named": a["slow_named"], "dead named": a["dead_named"], "false": a["false_alerts"],
