@@ -273,6 +273,8 @@ class JobMonitor:
         if not stalled:
             self.waiters_stalled_since_s = -1.0
             return self._resolve("hang", now_s, "progress resumed" if view.live else "no rank left running")
+        if cur is not None and not any(r in rows for r in cur["ranks"]):
+            return []   # the named ranks left the shards' samples (exited in a large job's teardown): keep them
         live_total = view.live - len(dead) if not view.exact else len(live)
         whole_job = view.min_age_s > thr if not view.exact else len(stalled) == len(live)
         whole_job = whole_job or len(stalled) >= live_total
