@@ -35,11 +35,20 @@ def pid_of(settings: Settings, name: str) -> int | None:
         pid = int(p.read_text().strip())
     except (OSError, ValueError):
         return None
+    return pid if alive(pid) else None
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` is a process of ours that runs; a zombie (exited, not yet reaped) does not."""
     try:
         os.kill(pid, 0)
     except OSError:
-        return None
-    return pid
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs: trust the signal check
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
 
 
 def start(settings: Settings, name: str, args: list[str]) -> int:
@@ -66,11 +75,9 @@ def stop(settings: Settings, name: str, timeout_s: float = 20.0) -> bool:
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            break
         _reap(pid)
+        if not alive(pid):
+            break
         time.sleep(0.2)
     else:
         try:
