@@ -177,5 +177,8 @@ def split_beat(env: Envelope) -> tuple[Envelope, Envelope]:
     b = env.body
     steps = {c: b[c] for c in STEP_COLUMNS}
     hb = {"step": b["hb_step"], **{f: b[f] for f in HEARTBEAT_FIELDS}}
-    common = dict(job=env.job, rank=env.rank, host=env.host, pid=env.pid, seq=env.seq, sent_ns=env.sent_ns, v=env.v)
-    return Envelope(kind="steps", body=steps, **common), Envelope(kind="heartbeat", body=hb, **common)
+    def part(kind: str, body: dict[str, Any]) -> Envelope:
+        return Envelope(kind=kind, job=env.job, rank=env.rank, host=env.host, pid=env.pid, seq=env.seq,
+                        sent_ns=env.sent_ns, body=body, v=env.v)
+
+    return part("steps", steps), part("heartbeat", hb)

@@ -64,7 +64,7 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
         datadir=os.path.join(settings.data_dir, "faust"),
         producer_linger_ms=5,
     )
-    raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+    raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
     topics = {t: app.topic(t.name_for(settings), partitions=settings.topic_partitions, **raw) for t in Topic}
     names = {t.name_for(settings): t for t in Topic}
     sender = Sender(socket.gethostname(), os.getpid())
@@ -98,11 +98,11 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
         return None
 
     # Partitions come and go ---------------------------------------------------------------------
-    @app.on_partitions_revoked.connect
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app: Any, revoked: Any, **kw: Any) -> None:
         job_stage.revoke({tp.partition for tp in revoked if names.get(tp.topic) is Topic.SHARDS})
 
-    @app.on_partitions_assigned.connect
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(app: Any, assigned: Any, **kw: Any) -> None:
         jobs = sorted({tp.partition for tp in assigned if names.get(tp.topic) is Topic.SHARDS}
                       - set(job_stage.partition_of.values()))

@@ -53,12 +53,13 @@ def read_since(settings: Settings, topic: str, partitions: list[int], since_ms: 
             for msg in consumer.consume(2000, timeout=0.5):
                 if msg.error():
                     continue
-                p = msg.partition()
-                end = todo.get(p)
-                if end is None:
+                p, offset, value = msg.partition(), msg.offset(), msg.value()
+                end = todo.get(p) if p is not None else None
+                if p is None or end is None or offset is None:
                     continue
-                yield p, msg.value()
-                if msg.offset() + 1 >= end:
+                if value is not None:
+                    yield p, value
+                if offset + 1 >= end:
                     del todo[p]
         if todo:
             log.warning("rebuild of %s partitions %s stopped at its %.0f s deadline", topic, sorted(todo), READ_TIMEOUT_S)

@@ -41,7 +41,7 @@ class Row(NamedTuple):
         return self.hb_since_s + min(max(0.0, now_s - self.hb_ns / 1e9), cap_s)
 
 
-_ROW_TYPES = (int, str, int, int, int, int, (int, float), int, int, int, str, int, str, str, int)
+_ROW_TYPES: tuple[Any, ...] = (int, str, int, int, int, int, (int, float), int, int, int, str, int, str, str, int)
 
 
 @dataclass
