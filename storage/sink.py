@@ -85,6 +85,8 @@ STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", 
 _I64 = (-(2**63), 2**63 - 1)
 _I32 = (-(2**31), 2**31 - 1)
 _U32 = (0, 2**32 - 1)
+_LO, _HI = _I64
+_LO32, _HI32 = _I32
 
 RANK_COLUMNS = ("job", "rank", "host", "pid", "local_rank", "world_size", "last_step", "last_seen_ns",
                 "exit_reason", "exit_detail")
@@ -167,16 +169,40 @@ def _check_range(values: list[int], name: str, bounds: tuple[int, int] = _I64) -
 
 
 class Columns:
-    """Column buffers of one table: ``{column: [values]}`` plus the row count."""
+    """Column buffers of one table: ``{column: [values]}`` plus the row count.
+
+    Single rows (:meth:`add_row`, :meth:`add_tuple`, :meth:`add_tuples`) are buffered as tuples in
+    column order and transposed into the column lists (at C speed) when :attr:`data` is read;
+    :meth:`extend` appends whole columns. Row order is kept across both.
+    """
 
     def __init__(self, names: Iterable[str]) -> None:
-        self.data: dict[str, list[Any]] = {n: [] for n in names}
+        self.names = tuple(names)
+        self._data: dict[str, list[Any]] = {n: [] for n in self.names}
+        self._buf: list[tuple[Any, ...]] = []
         self.rows = 0
 
+    @property
+    def data(self) -> dict[str, list[Any]]:
+        buf = self._buf
+        if buf:
+            for col, values in zip(self._data.values(), zip(*buf, strict=True), strict=True):
+                col.extend(values)
+            buf.clear()
+        return self._data
+
     def add_row(self, **values: Any) -> None:
-        for name, col in self.data.items():
-            col.append(values[name])
+        self._buf.append(tuple([values[n] for n in self.names]))
         self.rows += 1
+
+    def add_tuple(self, row: tuple[Any, ...]) -> None:
+        """Append one row given as a tuple in column order."""
+        self._buf.append(row)
+        self.rows += 1
+
+    def add_tuples(self, rows: list[tuple[Any, ...]]) -> None:
+        self._buf.extend(rows)
+        self.rows += len(rows)
 
     def extend(self, n: int, **columns: Any) -> None:
         """Append ``n`` rows; each value is a list of ``n`` values or a scalar repeated ``n`` times."""
@@ -193,6 +219,13 @@ def steps_columns(env: Envelope, out: Columns) -> int:
     n = len(steps)
     if not n:
         return -1
+    if n == 1:   # the usual v2 beat: one record; decode() checked the types, only the ranges are left
+        st, a, e, c = steps[0], starts[0], ends[0], comms[0]
+        d = e - a
+        if (_LO <= st <= _HI and _LO <= a <= _HI and _LO <= e <= _HI and _LO <= c <= _HI
+                and _LO <= d <= _HI):
+            out.add_tuple((env.job, env.rank, st, a, e, d, c, d - c if d > c else 0, env.host, env.pid, env.seq))
+            return st
     for name, col in (("step", steps), ("start_ns", starts), ("end_ns", ends), ("comm_ns", comms)):
         _check_range(col, f"steps.{name}")
     durations = [e - s for s, e in zip(starts, ends, strict=True)]
@@ -228,6 +261,34 @@ STATS_FIELDS: dict[str, Callable[[Any, str], Any]] = {
 }
 
 
+def stats_tuples(env: Envelope) -> list[tuple[Any, ...]]:
+    """The ``worker_stats`` rows of a ``stats`` message as tuples in column order. Raises
+    InvalidMessage (via :func:`stats_rows`) exactly as that does; the whole message or nothing."""
+    job = env.job
+    rows: list[tuple[Any, ...]] = []
+    for entry in env.body["ranks"]:
+        if type(entry) is not dict:
+            break
+        try:
+            r, ts, st, ws = entry["rank"], entry["ts_ns"], entry["step"], entry["window_steps"]
+            med, p95, mb, mc = entry["median_step_ns"], entry["p95_step_ns"], entry["median_busy_ns"], entry["median_comm_ns"]
+            bz, state = entry["busy_z"], entry["state"]
+        except KeyError:
+            break
+        tz = type(bz)
+        if not (type(r) is int and _LO32 <= r <= _HI32 and type(ts) is int and _LO <= ts <= _HI
+                and type(st) is int and _LO <= st <= _HI and type(ws) is int and _LO32 <= ws <= _HI32
+                and type(med) is int and _LO <= med <= _HI and type(p95) is int and _LO <= p95 <= _HI
+                and type(mb) is int and _LO <= mb <= _HI and type(mc) is int and _LO <= mc <= _HI
+                and (tz is float or tz is int) and type(state) is str):
+            break
+        rows.append((job, r, ts, st, ws, med, p95, mb, mc, float(bz), state))
+    else:
+        return rows
+    names = TABLE_COLUMNS["worker_stats"]
+    return [tuple([row[c] for c in names]) for row in stats_rows(env)]
+
+
 def stats_rows(env: Envelope) -> list[dict[str, Any]]:
     rows = []
     for i, entry in enumerate(env.body["ranks"]):
@@ -244,6 +305,47 @@ def stats_rows(env: Envelope) -> list[dict[str, Any]]:
 
 def hw_columns(env: Envelope, out: Columns) -> None:
     """Columnar samples -> long format, one row per (sample, metric); None values are skipped."""
+    rows = _hw_rows(env)
+    if rows is None:   # something the fast path does not take: the checked path stores or rejects it
+        _hw_columns_checked(env, out)
+    else:
+        out.add_tuples(rows)
+
+
+def _hw_rows(env: Envelope) -> list[tuple[Any, ...]] | None:
+    """The ``hw_samples`` rows of a well-formed ``hw`` message, or None if anything needs a closer look
+    (:func:`_hw_columns_checked` then gives the exact rows or the exact error). Appends nothing."""
+    b = env.body
+    ts, devices, metrics = b["ts_ns"], b["device"], b["metrics"]
+    n = len(ts)
+    if len(devices) != n:
+        return None
+    for t in ts:
+        if type(t) is not int or not _LO <= t <= _HI:
+            return None
+    for d in devices:
+        if type(d) is not int or not _LO32 <= d <= _HI32:
+            return None
+    job, rank, host = env.job, env.rank, env.host
+    rows: list[tuple[Any, ...]] = []
+    append = rows.append
+    for name, values in metrics.items():
+        if type(name) is not str or type(values) is not list or len(values) != n:
+            return None
+        for t, d, v in zip(ts, devices, values, strict=False):   # all n long (checked above)
+            tv = type(v)
+            if tv is float:
+                append((job, rank, host, d, t, name, v))
+            elif v is None:
+                continue
+            elif tv is int:
+                append((job, rank, host, d, t, name, float(v)))
+            else:
+                return None
+    return rows
+
+
+def _hw_columns_checked(env: Envelope, out: Columns) -> None:
     b = env.body
     ts, devices, metrics = b["ts_ns"], b["device"], b["metrics"]
     n = len(ts)
@@ -723,15 +825,108 @@ class Sink:
             env = decode(value)
         except WireError as e:
             raise InvalidMessage(e.reason, e.detail) from None
-        _int(env.rank, "rank", _I32)
-        _int(env.pid, "pid", _I32)
-        _int(env.sent_ns, "sent_ns")
-        _int(env.seq, "seq")
-        if env.kind == "beat":
-            for part in split_beat(env):
-                self._store(part, batch)
+        # decode() checked the envelope's types; only the column ranges are left.
+        if not (_LO32 <= env.rank <= _HI32 and _LO32 <= env.pid <= _HI32 and _LO <= env.sent_ns <= _HI
+                and _LO <= env.seq <= _HI):
+            _int(env.rank, "rank", _I32)
+            _int(env.pid, "pid", _I32)
+            _int(env.sent_ns, "sent_ns")
+            _int(env.seq, "seq")
+        kind = env.kind
+        if kind == "beat":
+            if not self._store_beat(env, batch):
+                for part in split_beat(env):
+                    self._store(part, batch)
+        elif kind == "hw":
+            rows = _hw_rows(env)
+            if rows is None:
+                self._store(env, batch)
+            else:
+                batch.table("hw_samples").add_tuples(rows)
+                batch.rows += len(rows)
+        elif kind == "stats":
+            rows = stats_tuples(env)
+            batch.table("worker_stats").add_tuples(rows)
+            batch.rows += len(rows)
         else:
             self._store(env, batch)
+
+    def _store_beat(self, env: Envelope, batch: Batch) -> bool:
+        """A well-formed v2 beat: its step rows, its heartbeat row and one observation of the rank, the
+        same rows and state as storing :func:`split_beat`'s pair. Returns False, having added nothing,
+        when anything needs a closer look (the split pair's checked path then stores or rejects it)."""
+        b = env.body
+        step, since, dropped, ws, lr = b["hb_step"], b["since_step_s"], b["dropped"], b["world_size"], b["local_rank"]
+        ts = type(since)
+        if not (type(step) is int and _LO <= step <= _HI and (ts is float or ts is int) and type(dropped) is int
+                and _LO <= dropped <= _HI and type(ws) is int and _LO32 <= ws <= _HI32 and type(lr) is int
+                and _LO32 <= lr <= _HI32):
+            return False
+        steps = b["step"]
+        job, rank, host, pid, seq, sent = env.job, env.rank, env.host, env.pid, env.seq, env.sent_ns
+        last = -1
+        if len(steps) == 1:
+            st, a, e, c = steps[0], b["start_ns"][0], b["end_ns"][0], b["comm_ns"][0]
+            d = e - a
+            if not (_LO <= st <= _HI and _LO <= a <= _HI and _LO <= e <= _HI and _LO <= c <= _HI and _LO <= d <= _HI):
+                return False
+            batch.table("steps").add_tuple((job, rank, st, a, e, d, c, d - c if d > c else 0, host, pid, seq))
+            batch.rows += 1
+            last = st
+        elif steps:
+            cols = batch.table("steps")
+            before = cols.rows
+            try:
+                last = steps_columns(Envelope(kind="steps", job=job, rank=rank, host=host, pid=pid, seq=seq,
+                                              sent_ns=sent, body=b, v=env.v), cols)
+            except InvalidMessage:
+                return False   # steps_columns validates before it appends
+            batch.rows += cols.rows - before
+        stacks = b["stacks"]
+        batch.table("heartbeats").add_tuple(
+            (job, rank, sent, step, float(since), dropped, host, pid, seq,
+             "" if stacks is None else json.dumps(stacks, separators=(",", ":"))))
+        batch.rows += 1
+        self._observe_beat(batch, env, max(last, step), ws, lr)
+        return True
+
+    def _observe_beat(self, batch: Batch, env: Envelope, last_step: int, world_size: int, local_rank: int) -> None:
+        """One observation for a beat's two parts: the same state as :meth:`_observe` of the steps part
+        (``last_step`` = the highest step) and then of the heartbeat part."""
+        key = (env.job, env.rank)
+        state = self._ranks.get(key)
+        seen, pid = env.sent_ns, env.pid
+        if state is not None and state["pid"] == pid and seen >= state["last_seen_ns"]:
+            # merge_rank's common case: the same process, a newer observation, no exit.
+            if last_step > state["last_step"]:
+                state["last_step"] = last_step
+            if env.host != "":
+                state["host"] = env.host
+            if world_size != -1:
+                state["world_size"] = world_size
+            if local_rank != -1:
+                state["local_rank"] = local_rank
+            state["last_seen_ns"] = seen
+            job = self._jobs.get(env.job)
+            if job is not None and 0 < job["first_seen_ns"] <= seen and seen >= job["last_seen_ns"]:
+                # merge_job's common case
+                if world_size > 0:
+                    job["world_size"] = world_size
+                job["last_seen_ns"] = seen
+                batch.ranks.add(key)
+                batch.jobs.add(env.job)
+                return
+            merge_job(self._job(env.job), {"world_size": world_size, "last_seen_ns": seen})
+            batch.ranks.add(key)
+            batch.jobs.add(env.job)
+            return
+        self._observe(batch, env, {"last_step": last_step, "world_size": world_size, "local_rank": local_rank})
+
+    def _job(self, job_id: str) -> dict[str, Any]:
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = self._jobs[job_id] = {"job": job_id, "world_size": -1, "first_seen_ns": 0, "last_seen_ns": 0}
+        return job
 
     def _store(self, env: Envelope, batch: Batch) -> None:
         kind = env.kind
@@ -757,8 +952,9 @@ class Sink:
             self._observe(batch, env, {"last_step": _int(b["step"], "exit.step"), "exit_reason": b["reason"],
                                        "exit_detail": b["detail"]})
         elif kind == "stats":
-            for row in stats_rows(env):
-                self._add_row(batch, "worker_stats", row)
+            rows = stats_tuples(env)
+            batch.table("worker_stats").add_tuples(rows)
+            batch.rows += len(rows)
         elif kind == "hw":
             cols = batch.table("hw_samples")
             before = cols.rows
