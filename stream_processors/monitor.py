@@ -353,11 +353,13 @@ class JobMonitor:
         return self._open_or_update("dead_rank", now_s, [first.rank], first.last_step, summary, "critical", [], details)
 
     def _busy_medians(self, view: JobView, now_s: float, settings: Settings, dead: set[int]) -> dict[int, float]:
-        """Median busy time of the ranks that step: exited, dead and stalled ranks are left out."""
+        """Median busy time of the ranks that step. Left out: exited and dead ranks, and ranks stalled
+        past the hang threshold other than in a collective (a rank stopped by its peers' hang is
+        still as slow as it was; one stopped by itself is not a straggler)."""
         thr = self.hang_threshold_s(view, settings)
         return {r.rank: float(r.busy_med_ns) for r in view.rows.values()
                 if not r.exit_reason and r.rank not in dead and r.window_steps >= settings.straggler_min_steps
-                and view.age(r, now_s) <= thr}
+                and (r.waiting == 1 or view.age(r, now_s) <= thr)}
 
     def _slow_rule(self, view: JobView, now_s: float, settings: Settings, dead: set[int]) -> list[Alert]:
         if view.min_step < 0:

@@ -288,3 +288,19 @@ def test_a_slow_rank_that_hangs_leaves_the_slow_incident_at_once():
             break
     assert [(a.status, a.details["resolution"]) for a in out] == [("resolved", "rank 2 stopped stepping")]
     assert k + 1 > S.hang_min_s   # once it crossed the hang threshold, not before
+
+
+def test_a_slow_rank_waiting_for_a_hung_peer_stays_slow():
+    mon = TwoStage(job="j")
+    for i in range(6):
+        feed_healthy(mon, 100.0 + i, first=i * 10, n=10, slow_rank=2)
+        mon.scan(100.0 + i, S)
+    assert mon.incidents["slow_rank"]["ranks"] == [2]
+    for k in range(1, 14):   # rank 3 hangs; the others, rank 2 included, wait in all_reduce
+        for r in range(4):
+            frames = HANG_FRAMES if r == 3 else WAIT_FRAMES
+            mon.apply(hb(r, 59, float(k), [{"thread": "MainThread", "frames": frames}]), 105.0 + k, S)
+        mon.scan(105.0 + k, S)
+    assert mon.incidents["hang"]["ranks"] == [3]
+    assert mon.incidents["slow_rank"]["ranks"] == [2]
+    assert mon.rank_states(118.0, S)[2] in ("slow", "waiting")
