@@ -52,7 +52,7 @@ class Settings:
     dashboard_port: int = 8501
     dashboard_refresh_s: float = 2.0
     # Sink.
-    sink_batch_rows: int = 5000
+    sink_batch_rows: int = 50000
     sink_batch_s: float = 1.0
     sink_group: str = "rankscope-sink"
     # Processors.
