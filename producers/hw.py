@@ -716,7 +716,7 @@ class HardwareSampler:
         """Sleep until ``next_at`` or a switch of mode; returns when the next sample is due. Into fast
         mode (a window opened): now. Out of it (the window closed): a slow period after the last
         sample, not now: the window's sender is converting on this rank's cores just then, and a
-        host sample costs ~1.4 ms of CPU on a busy host (until stop 12 it was taken at once)."""
+        host sample costs ~1.4 ms of CPU on a busy host."""
         while not self._stopping:
             self._wake.wait(max(0.0, next_at - time.monotonic()))
             if not self._wake.is_set():

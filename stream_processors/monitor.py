@@ -33,88 +33,18 @@ from typing import Any
 
 from rankscope.alerts import Alert, StackGroup
 from rankscope.config import Settings
-from stream_processors.rank_state import CRASH_REASONS, EXTRAPOLATION_CAP_S
+from stream_processors.job_view import MAX_GROUP_RANKS, JobView
+from stream_processors.rank_state import CRASH_REASONS
 from stream_processors.stacks import waiting_in_collective
-from stream_processors.summary import (
-    Row,
-    ShardSummary,
-    StackInfo,
-    hist_add,
-    hist_mad,
-    hist_quantile,
-)
+from stream_processors.summary import Row, ShardSummary, hist_mad, hist_quantile
 
 MAX_ALERT_RANKS = 256
-MAX_GROUP_RANKS = 32
 MAX_DETAIL_RANKS = 64
 FORGET_SHARD_S = 60.0   # a shard silent this long no longer holds the job's rules back
 
 
 def stale_after_s(settings: Settings) -> float:
     return max(5.0, 4 * settings.scan_interval_s)
-
-
-@dataclass
-class JobView:
-    """The job as its shards last reported it: rows of the ranks a rule may name, and totals."""
-
-    rows: dict[int, Row]
-    stacks: dict[str, StackInfo]
-    exact: bool                 # every rank of the job has a row
-    ranks: int
-    live: int
-    world_size: int
-    min_step: int
-    newest_hb_s: float
-    min_age_s: float            # youngest progress age of a live rank, -1 when none
-    step_hist: dict[int, int]
-    busy_hist: dict[int, int]
-    max_progress: list[dict[str, Any]]
-
-    @classmethod
-    def merge(cls, summaries: list[ShardSummary], now_s: float) -> JobView:
-        rows: dict[int, Row] = {}
-        stacks: dict[str, StackInfo] = {}
-        step_hist: dict[int, int] = {}
-        busy_hist: dict[int, int] = {}
-        exact = True
-        ranks = live = world = 0
-        min_step, newest, min_age = -1, 0.0, -1.0
-        progress = []
-        for s in summaries:
-            a = s.agg
-            for r in s.rows:
-                old = rows.get(r.rank)
-                if old is None or r.hb_ns > old.hb_ns:   # a rank that moved shard (rolling upgrade): freshest
-                    rows[r.rank] = r
-            for sig, info in s.stacks.items():
-                cur = stacks.get(sig)
-                if cur is None:
-                    stacks[sig] = StackInfo(info.count, info.waiting, info.frames, list(info.sample))
-                else:
-                    cur.count += info.count
-                    cur.sample = sorted(set(cur.sample) | set(info.sample))[:MAX_GROUP_RANKS]
-            exact = exact and len(s.rows) == a["ranks"]
-            ranks += a["ranks"]
-            live += a["live"]
-            world = max(world, a["world_size"])
-            if a["live"] and a["min_step"] >= 0:
-                min_step = a["min_step"] if min_step < 0 else min(min_step, a["min_step"])
-            newest = max(newest, a["newest_hb_ns"] / 1e9)
-            if a["min_age_s"] >= 0:
-                age = a["min_age_s"] + min(max(0.0, now_s - s.ts_ns / 1e9), EXTRAPOLATION_CAP_S)
-                min_age = age if min_age < 0 else min(min_age, age)
-            hist_add(step_hist, a["step_hist"])
-            hist_add(busy_hist, a["busy_hist"])
-            if a["max_step"] >= 0:
-                progress.append({"rank": -1, "step": a["max_step"], "ts_ns": a["max_step_end_ns"],
-                                 "median_step_ns": a["max_step_med_ns"]})
-        return cls(rows=rows, stacks=stacks, exact=exact, ranks=ranks, live=live, world_size=world,
-                   min_step=min_step, newest_hb_s=newest, min_age_s=min_age, step_hist=step_hist,
-                   busy_hist=busy_hist, max_progress=progress)
-
-    def age(self, r: Row, now_s: float) -> float:
-        return r.progress_age_s(now_s, EXTRAPOLATION_CAP_S)
 
 
 @dataclass
