@@ -78,7 +78,7 @@ _client_log.addFilter(_RepeatFilter())
 
 STAGE = "sink"
 SINK_TOPICS = (Topic.STEPS, Topic.STATS, Topic.ALERTS, Topic.DEADLETTER, Topic.HW, Topic.TRACES, Topic.SUMMARIES,
-               Topic.REPORTS, Topic.REPLIES, Topic.CONTROL)   # CONTROL: flight records of ranks before stop 11
+               Topic.REPORTS, Topic.REPLIES, Topic.CONTROL)   # CONTROL: flight records from ranks that send them there
 # Kinds the sink stores; other valid kinds on its topics are counted as skipped.
 STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", "summary", "flight"})
 
