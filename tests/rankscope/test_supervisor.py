@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -24,20 +24,11 @@ from rankscope import services
 from rankscope.clock import ManualClock
 from rankscope.config import Settings
 from rankscope.supervisor import BackoffPolicy, ServiceSpec, Supervisor, describe_exit, read_state
+from tests.integration.helpers import wait_until
 
 T = TypeVar("T")
 DEADLINE_S = 60.0
 SLEEPER = f"{shlex.quote(sys.executable)} -c 'import time; time.sleep(3600)'"
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout_s: float = DEADLINE_S) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def test_backoff_doubles_to_the_cap() -> None:
@@ -134,12 +125,12 @@ def _sleeper_line(data_dir: Path) -> str | None:
 
 def test_killed_child_is_restarted_and_sigterm_stops_it(supervised, tmp_path: Path) -> None:
     proc, settings = supervised
-    first = wait_for(lambda: services.pid_of(settings, "sleeper"), "the first sleeper")
+    first = wait_until(lambda: services.pid_of(settings, "sleeper"), DEADLINE_S, "the first sleeper")
     os.kill(first, signal.SIGKILL)
-    second = wait_for(lambda: (p := services.pid_of(settings, "sleeper")) != first and p, "a new sleeper")
+    second = wait_until(lambda: (p := services.pid_of(settings, "sleeper")) != first and p, DEADLINE_S, "a new sleeper")
     assert services.alive(second) and not services.alive(first)
 
-    line = wait_for(lambda: (ln := _sleeper_line(tmp_path)) and "restarts 1" in ln and ln, "status: restarts 1")
+    line = wait_until(lambda: (ln := _sleeper_line(tmp_path)) and "restarts 1" in ln and ln, DEADLINE_S, "status: restarts 1")
     assert f"pid {second}" in line and "last exit signal SIGKILL" in line
     log = services.log_path(settings, "sleeper").read_text()
     assert f"sleeper (pid {first}) exited with signal SIGKILL" in log
@@ -156,8 +147,8 @@ def test_killed_child_is_restarted_and_sigterm_stops_it(supervised, tmp_path: Pa
 
 def test_down_stops_the_supervisor_and_its_child(supervised, tmp_path: Path) -> None:
     proc, settings = supervised
-    child = wait_for(lambda: services.pid_of(settings, "sleeper"), "the sleeper")
-    wait_for(lambda: services.pid_of(settings, "supervisor"), "the supervisor's pid file")
+    child = wait_until(lambda: services.pid_of(settings, "sleeper"), DEADLINE_S, "the sleeper")
+    wait_until(lambda: services.pid_of(settings, "supervisor"), DEADLINE_S, "the supervisor's pid file")
     res = _cli(tmp_path, "down", "--keep-kafka")
     assert res.returncode == 0, res.stderr
     assert "stopped supervisor" in res.stdout
@@ -167,6 +158,6 @@ def test_down_stops_the_supervisor_and_its_child(supervised, tmp_path: Path) -> 
 
 def test_a_second_supervisor_refuses_to_start(supervised, tmp_path: Path) -> None:
     proc, settings = supervised
-    wait_for(lambda: services.pid_of(settings, "supervisor"), "the supervisor's pid file")
+    wait_until(lambda: services.pid_of(settings, "supervisor"), DEADLINE_S, "the supervisor's pid file")
     res = _cli(tmp_path, "supervise", "--service", f"other={SLEEPER}")
     assert res.returncode == 1 and "already runs" in res.stderr
