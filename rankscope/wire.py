@@ -76,6 +76,8 @@ BODY_SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
              "stacks": _OPT_LIST},
     # Processors' per-partition job summary (stream_processors/shard.py validates the rest).
     "shard": {"shard": _INT, "ts_ns": _INT, "agg": (dict,), "rows": _LIST, "stacks": (dict,)},
+    # "exception" exits may add "exc_type" (str) and "frames" (the traceback, "file:line func",
+    # outermost first, at most 48): both optional, validated when present.
     "exit": {"step": _INT, "reason": _STR, "detail": _STR},
     # Hardware samples (columnar): metric name -> list of values, plus ts_ns list.
     "hw": {"ts_ns": _LIST, "device": _LIST, "metrics": (dict,)},
@@ -153,8 +155,14 @@ def _validate_body(kind: str, body: dict[str, Any]) -> None:
         for s in body["stacks"]:
             if not (isinstance(s, dict) and isinstance(s.get("thread"), str) and isinstance(s.get("frames"), list)):
                 raise WireError("bad_body", "heartbeat.stacks entries need thread and frames")
-    elif kind == "exit" and body["reason"] not in EXIT_REASONS:
-        raise WireError("bad_body", f"exit.reason {body['reason']!r} not in {sorted(EXIT_REASONS)}")
+    elif kind == "exit":
+        if body["reason"] not in EXIT_REASONS:
+            raise WireError("bad_body", f"exit.reason {body['reason']!r} not in {sorted(EXIT_REASONS)}")
+        if not isinstance(body.get("exc_type", ""), str):
+            raise WireError("bad_body", "exit.exc_type is not a string")
+        frames = body.get("frames", [])
+        if not (isinstance(frames, list) and all(isinstance(f, str) for f in frames)):
+            raise WireError("bad_body", "exit.frames must be a list of strings")
 
 
 def steps_rows(env: Envelope) -> list[dict[str, int]]:
