@@ -31,7 +31,7 @@ STATE_BADGE = {
 STATE_COLOUR = {"running": "#e6f4ea", "slow": "#fff1d6", "hung": "#fde2e1", "dead": "#efe3fb",
                 "exited": "#eeeeee"}
 KIND_TITLE = {"hang": "Hang", "dead_rank": "Dead rank", "slow_rank": "Slow rank",
-              "abnormal_worker": "Abnormal worker (report)"}
+              "abnormal_worker": "Abnormal worker (report)", "rank_failed": "Rank failed (crash)"}
 SEVERITY_BADGE = {"critical": ":red-badge[critical]", "warning": ":orange-badge[warning]",
                   "info": ":blue-badge[info]"}
 EMPTY_FLEET = (
@@ -161,6 +161,9 @@ def render_alert(alert: pd.Series, groups: pd.DataFrame, rank_state: dict[int, s
             st.markdown("**Culprit:** " + (", ".join(words) or "unknown"))
         elif alert["kind"] == "slow_rank":
             st.markdown(f"**Slow rank {rank_list(culprits)}** {STATE_BADGE['slow']}")
+        elif alert["kind"] == "rank_failed":
+            st.markdown(f"**Failed first:** rank {rank_list(culprits)} {STATE_BADGE['exited']} at step {alert['step']}"
+                        " (its traceback is below; the ranks that failed after it are followers)")
         elif alert["kind"] == "abnormal_worker":
             st.markdown(f"**Abnormal worker {rank_list(culprits)}** in a trace window; see the Reports page "
                         "for the functions it runs longer")

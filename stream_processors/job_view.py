@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stream_processors.rank_state import EXTRAPOLATION_CAP_S
-from stream_processors.summary import Row, ShardSummary, StackInfo, hist_add
+from stream_processors.summary import Failure, Row, ShardSummary, StackInfo, hist_add
 
 MAX_GROUP_RANKS = 32
 
@@ -27,6 +27,7 @@ class JobView:
     step_hist: dict[int, int]
     busy_hist: dict[int, int]
     max_progress: list[dict[str, Any]]
+    failures: list[Failure]     # every shard's first failures, first to fail first
 
     @classmethod
     def merge(cls, summaries: list[ShardSummary], now_s: float) -> JobView:
@@ -38,7 +39,12 @@ class JobView:
         ranks = live = world = 0
         min_step, newest, min_age = -1, 0.0, -1.0
         progress = []
+        failures: dict[int, Failure] = {}
         for s in summaries:
+            for f in s.failures:
+                old = failures.get(f.rank)
+                if old is None or f.exit_ns > old.exit_ns:
+                    failures[f.rank] = f
             a = s.agg
             for r in s.rows:
                 old = rows.get(r.rank)
@@ -68,7 +74,8 @@ class JobView:
                                  "median_step_ns": a["max_step_med_ns"]})
         return cls(rows=rows, stacks=stacks, exact=exact, ranks=ranks, live=live, world_size=world,
                    min_step=min_step, newest_hb_s=newest, min_age_s=min_age, step_hist=step_hist,
-                   busy_hist=busy_hist, max_progress=progress)
+                   busy_hist=busy_hist, max_progress=progress,
+                   failures=sorted(failures.values(), key=lambda f: (f.exit_ns, f.rank)))
 
     def age(self, r: Row, now_s: float) -> float:
         return r.progress_age_s(now_s, EXTRAPOLATION_CAP_S)

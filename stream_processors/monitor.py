@@ -33,6 +33,7 @@ from typing import Any
 
 from rankscope.alerts import Alert, StackGroup
 from rankscope.config import Settings
+from stream_processors import failures
 from stream_processors.job_view import MAX_GROUP_RANKS, JobView
 from stream_processors.rank_state import CRASH_REASONS
 from stream_processors.stacks import waiting_in_collective
@@ -180,7 +181,23 @@ class JobMonitor:
         out = self._hang_rule(view, now_s, settings, set(dead))
         out += self._dead_rule(view, now_s, dead)
         out += self._slow_rule(view, now_s, settings, set(dead))
+        out += self._failure_rule(view, now_s, settings)
         return out
+
+    def _failure_rule(self, view: JobView, now_s: float, settings: Settings) -> list[Alert]:
+        """rank_failed: the first rank to exit with an exception, once its peers had time to fail too."""
+        verdict = failures.attribute(view.failures)
+        cur = self.incidents.get("rank_failed")
+        if verdict is None:
+            if cur is not None and cur["ranks"] and cur["ranks"][0] in view.rows \
+                    and not view.rows[cur["ranks"][0]].exit_reason:
+                return self._resolve("rank_failed", now_s, "the failed rank is running again")
+            return []
+        if cur is None and now_s - verdict.culprit.exit_ns / 1e9 < failures.grace_s(settings):
+            return []
+        summary, groups, details = failures.alert_fields(self.job, verdict)
+        return self._open_or_update("rank_failed", now_s, [verdict.culprit.rank], verdict.culprit.step, summary,
+                                    "critical", groups, details)
 
     @staticmethod
     def partial_stall_grace_s(settings: Settings) -> float:
@@ -241,11 +258,19 @@ class JobMonitor:
         summary = (f"job {self.job} hung: rank{'s' if len(ranks) > 1 else ''} "
                    f"{','.join(map(str, shown[:16]))}{more} "
                    f"stuck after step {step} for {age:.0f}s{where}")
+        dead_culprits = [r for r in culprits if r.exit_reason in CRASH_REASONS]
+        if dead_culprits:
+            first = min(dead_culprits, key=lambda r: r.hb_ns)
+            summary = (f"job {self.job} hung: {len(stalled)} rank{'s' if len(stalled) > 1 else ''} wait for rank"
+                       f"{'s' if len(ranks) > 1 else ''} {','.join(map(str, shown[:16]))}{more}, which crashed "
+                       f"at step {step} ({first.exit_reason}: {first.exit_detail[:200]})")
         details = {"threshold_s": round(thr, 3), "stalled_ranks": sorted(r.rank for r in stalled)[:MAX_DETAIL_RANKS],
                    "stalled_count": max(len(stalled), live_total if whole_job else len(stalled)),
                    "whole_job_stalled": whole_job, "progress_age_s": round(age, 1)}
         if len(ranks) > len(shown):
             details["culprit_count"] = len(ranks)
+        if dead_culprits:
+            details["culprit_crashed"] = True
         return self._open_or_update("hang", now_s, shown, step, summary, "critical", groups, details)
 
     @staticmethod
@@ -401,6 +426,8 @@ def _change_key(alert: Alert) -> str:
         return repr((tuple(alert.ranks), tuple((tuple(g.ranks), tuple(g.frames)) for g in alert.stack_groups)))
     if alert.kind == "dead_rank":
         return repr((tuple(alert.details.get("dead_ranks", [])),))
+    if alert.kind == "rank_failed":
+        return repr((tuple(alert.ranks), alert.details.get("follower_count", 0)))
     return repr((tuple(alert.ranks),))
 
 

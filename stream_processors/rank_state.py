@@ -37,6 +37,9 @@ class RankState:
     stacks: list[dict[str, Any]] | None = None
     exit_reason: str = ""
     exit_detail: str = ""
+    exit_ns: int = 0               # event time of the exit record
+    exc_type: str = ""             # an exception exit's type and traceback (outermost first)
+    exc_frames: list[str] = field(default_factory=list)
     dropped: int = 0
     last_sent_ns: int = 0
     last_seq: int = 0
@@ -60,6 +63,12 @@ class RankState:
     @property
     def crashed(self) -> bool:
         return self.exit_reason in CRASH_REASONS
+
+
+def exception_type(detail: str) -> str:
+    """The exception type an exit detail starts with ("RuntimeError: ..." -> "RuntimeError"), else ""."""
+    head = detail.split(":", 1)[0].strip()
+    return head if head and len(head) < 120 and " " not in head else ""
 
 
 def event_s(env: Envelope, now_s: float) -> float:
@@ -110,6 +119,9 @@ def fold(st: RankState, env: Envelope, now_s: float, window: int) -> int:
     elif env.kind == "exit":
         st.exit_reason = b["reason"]
         st.exit_detail = b["detail"]
+        st.exit_ns = int(t * 1e9)
+        st.exc_type = (b.get("exc_type") or exception_type(b["detail"])) if b["reason"] == "exception" else ""
+        st.exc_frames = list(b.get("frames", []))
         st.hb_s = max(st.hb_s, t)
         st.last_step = max(st.last_step, b["step"])
     return new

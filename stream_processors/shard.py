@@ -15,7 +15,7 @@ from rankscope.config import Settings
 from rankscope.wire import Envelope
 from stream_processors.rank_state import RankState, fold
 from stream_processors.stacks import main_stack, signature, waiting_in_collective
-from stream_processors.summary import MAX_SUMMARY_BYTES, Row, ShardSummary, StackInfo, hist_bin
+from stream_processors.summary import MAX_SUMMARY_BYTES, Failure, Row, ShardSummary, StackInfo, hist_bin
 
 ALL_ROWS_UP_TO = 128       # a shard with this many ranks or fewer sends a row for every rank
 ROWS_PER_REASON = 32       # otherwise this many per reason a rule may name a rank
@@ -24,6 +24,8 @@ MAX_FRAMES = 24
 MAX_FRAME_CHARS = 200
 MAX_DETAIL_CHARS = 300
 STACK_SAMPLE = 8
+MAX_FAILURES = 32          # failures sent per shard, first to fail first
+FAILURES_WITH_FRAMES = 2   # ... of which this many carry their traceback
 STATS_ROWS_PER_MESSAGE = 250
 
 
@@ -95,8 +97,19 @@ class ShardJob:
         chosen = self._rows_to_send(live, silent, crashed, now_s, settings)
         stacks = self._stack_groups()
         rows = [self._row(st) for st in chosen]
-        summary = ShardSummary(shard=self.shard, ts_ns=int(now_s * 1e9), agg=agg, rows=rows, stacks=stacks)
+        summary = ShardSummary(shard=self.shard, ts_ns=int(now_s * 1e9), agg=agg, rows=rows, stacks=stacks,
+                               failures=self._failures(crashed))
         return _within_bound(summary)
+
+    @staticmethod
+    def _failures(crashed: list[RankState]) -> list[Failure]:
+        first = heapq.nsmallest(MAX_FAILURES, crashed, key=lambda s: (s.exit_ns, s.rank))
+        return [Failure(rank=st.rank, host=st.host, pid=st.pid, exit_ns=st.exit_ns, step=st.last_step,
+                        reason=st.exit_reason, exc_type=st.exc_type[:MAX_FRAME_CHARS],
+                        detail=st.exit_detail[:MAX_DETAIL_CHARS],
+                        frames=[f[:MAX_FRAME_CHARS] for f in st.exc_frames[-MAX_FRAMES:]] if i < FAILURES_WITH_FRAMES
+                        else [])
+                for i, st in enumerate(first)]
 
     def _rows_to_send(self, live: list[RankState], silent: list[RankState], crashed: list[RankState],
                       now_s: float, settings: Settings) -> list[RankState]:
@@ -173,12 +186,14 @@ class ShardJob:
 
 
 def _within_bound(summary: ShardSummary) -> ShardSummary:
-    """Drop stacks, then rows, until the encoded summary fits MAX_SUMMARY_BYTES."""
+    """Drop stacks, then failures past the first, then rows, until the encoded summary fits MAX_SUMMARY_BYTES."""
     import msgpack
 
     while len(msgpack.packb(summary.to_body(), use_bin_type=True)) > MAX_SUMMARY_BYTES - 1000:
         if summary.stacks:
             summary.stacks = dict(list(summary.stacks.items())[:-1])
+        elif len(summary.failures) > 1:
+            summary.failures = summary.failures[: len(summary.failures) // 2]
         elif summary.rows:
             summary.rows = summary.rows[: len(summary.rows) // 2]
         else:

@@ -3,7 +3,9 @@
 A shard is one partition of the steps topic. Every scan interval the worker that owns it sends,
 per job with ranks on it, one summary: counts and histograms over all of the job's ranks there,
 plus rows for at most a few hundred ranks that a rule may name (the longest without progress,
-the lowest steps, the slowest, the silent, the crashed; every rank when there are few). Its size
+the lowest steps, the slowest, the silent, the crashed; every rank when there are few), and the
+shard's first failures (ranks that exited with an exception or a signal), the first few with
+their tracebacks. Its size
 is bounded whatever the job size (:data:`MAX_SUMMARY_BYTES`); :meth:`ShardSummary.from_body`
 validates at the boundary and raises :class:`~rankscope.wire.WireError`.
 """
@@ -44,6 +46,23 @@ class Row(NamedTuple):
 _ROW_TYPES: tuple[Any, ...] = (int, str, int, int, int, int, (int, float), int, int, int, str, int, str, str, int)
 
 
+class Failure(NamedTuple):
+    """A rank that exited with an exception or a signal: when, where, and (for the first few) how."""
+
+    rank: int
+    host: str
+    pid: int
+    exit_ns: int
+    step: int
+    reason: str
+    exc_type: str
+    detail: str
+    frames: list[str]     # traceback, outermost first; [] past the first few failures of a shard
+
+
+_FAILURE_TYPES: tuple[Any, ...] = (int, str, int, int, int, str, str, str, list)
+
+
 @dataclass
 class StackInfo:
     count: int
@@ -59,10 +78,14 @@ class ShardSummary:
     agg: dict[str, Any]
     rows: list[Row] = field(default_factory=list)
     stacks: dict[str, StackInfo] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)   # optional on the wire (absent: none)
 
     def to_body(self) -> dict[str, Any]:
-        return {"shard": self.shard, "ts_ns": self.ts_ns, "agg": self.agg, "rows": [list(r) for r in self.rows],
+        body = {"shard": self.shard, "ts_ns": self.ts_ns, "agg": self.agg, "rows": [list(r) for r in self.rows],
                 "stacks": {k: [v.count, v.waiting, v.frames, v.sample] for k, v in self.stacks.items()}}
+        if self.failures:
+            body["failures"] = [list(f) for f in self.failures]
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> ShardSummary:
@@ -81,6 +104,17 @@ class ShardSummary:
                 raise WireError("bad_body", "shard.stacks entry has the wrong shape")
             stacks[str(sig)] = StackInfo(count=raw[0], waiting=bool(raw[1]), frames=[str(f) for f in raw[2]],
                                          sample=[int(r) for r in raw[3]])
+        failures = []
+        raw_failures = body.get("failures", [])
+        if not isinstance(raw_failures, list):
+            raise WireError("bad_body", "shard.failures is not a list")
+        for raw in raw_failures:
+            if not isinstance(raw, list) or len(raw) != len(_FAILURE_TYPES):
+                raise WireError("bad_body", "shard.failures entry has the wrong shape")
+            for v, t in zip(raw, _FAILURE_TYPES, strict=True):
+                if not isinstance(v, t) or isinstance(v, bool):
+                    raise WireError("bad_body", f"shard.failures value {v!r} is not {t}")
+            failures.append(Failure(*raw[:-1], frames=[str(f) for f in raw[-1]]))
         agg = body["agg"]
         for name in AGG_INTS:
             if not isinstance(agg.get(name), int) or isinstance(agg.get(name), bool):
@@ -88,7 +122,7 @@ class ShardSummary:
         for name in ("step_hist", "busy_hist"):
             if not isinstance(agg.get(name), dict):
                 raise WireError("bad_body", f"shard.agg.{name} missing")
-        return cls(shard=body["shard"], ts_ns=body["ts_ns"], agg=agg, rows=rows, stacks=stacks)
+        return cls(shard=body["shard"], ts_ns=body["ts_ns"], agg=agg, rows=rows, stacks=stacks, failures=failures)
 
 
 AGG_INTS = ("ranks", "live", "exited", "crashed", "silent", "world_size", "min_step", "max_step",

@@ -8,7 +8,7 @@ from dashboard import queries, ui
 from rankscope.config import Settings
 
 KINDS = {"hang": "Hang", "dead_rank": "Dead rank", "slow_rank": "Slow rank",
-         "abnormal_worker": "Abnormal worker (report)"}
+         "abnormal_worker": "Abnormal worker (report)", "rank_failed": "Rank failed (crash)"}
 
 
 def panel(cfg: Settings, kinds: list[str], show_resolved: bool) -> None:
