@@ -63,14 +63,19 @@ def describe(f: Failure) -> str:
     return f"{f.reason} {f.detail}".strip()
 
 
+def failing_step(f: Failure) -> int:
+    """The step a rank was in when it failed (exit records carry its last completed step)."""
+    return f.step + 1
+
+
 def alert_fields(job: str, v: Verdict) -> tuple[str, list[StackGroup], dict[str, Any]]:
     """The rank_failed alert's summary, stack groups (the culprit's traceback) and details."""
     c = v.culprit
     more = f"; {len(v.followers)} rank{'s' if len(v.followers) > 1 else ''} failed after it" if v.followers else ""
-    summary = f"job {job}: rank {c.rank} failed first, at step {c.step}: {describe(c)[:300]}{more}"
+    summary = f"job {job}: rank {c.rank} failed first, in step {failing_step(c)}: {describe(c)[:300]}{more}"
     groups = [StackGroup(ranks=[c.rank], thread="MainThread", frames=list(c.frames), waiting_in_collective=False,
                          count=1)] if c.frames else []
-    details = {"first_rank": c.rank, "host": c.host, "pid": c.pid, "reason": c.reason, "exc_type": c.exc_type,
+    details = {"first_rank": c.rank, "last_completed_step": c.step, "host": c.host, "pid": c.pid, "reason": c.reason, "exc_type": c.exc_type,
                "message": c.detail, "frames": list(c.frames), "failed_ns": c.exit_ns,
                "followers": [f.rank for f in v.followers[:MAX_FOLLOWERS]], "follower_count": len(v.followers),
                "follower_errors": sorted({describe(f)[:120] for f in v.followers[:MAX_FOLLOWERS]})[:8]}

@@ -196,8 +196,8 @@ class JobMonitor:
         if cur is None and now_s - verdict.culprit.exit_ns / 1e9 < failures.grace_s(settings):
             return []
         summary, groups, details = failures.alert_fields(self.job, verdict)
-        return self._open_or_update("rank_failed", now_s, [verdict.culprit.rank], verdict.culprit.step, summary,
-                                    "critical", groups, details)
+        return self._open_or_update("rank_failed", now_s, [verdict.culprit.rank], failures.failing_step(verdict.culprit),
+                                    summary, "critical", groups, details)
 
     @staticmethod
     def partial_stall_grace_s(settings: Settings) -> float:

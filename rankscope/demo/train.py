@@ -4,7 +4,8 @@
 
 One rank can be made slow (``--slow-factor`` x the compute of the others, inside
 ``slow_extra_compute``) and one can hang at a given step (inside ``hang_forever``), the
-way a deadlocked data loader or a stuck kernel would.
+way a deadlocked data loader or a stuck kernel would. One can raise at a given step (inside
+``load_batch``), the way a CUDA error or a corrupt sample ends a job.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-from-step", type=int, default=0)
     p.add_argument("--hang-rank", type=int, default=-1)
     p.add_argument("--hang-at-step", type=int, default=-1)
+    p.add_argument("--fail-rank", type=int, default=-1)
+    p.add_argument("--fail-at-step", type=int, default=-1)
     p.add_argument("--ddp", action="store_true", help="train a small MLP under DDP instead of explicit all_reduce")
     args = p.parse_args(argv)
     if args.steps <= 0:
@@ -52,6 +55,10 @@ def slow_extra_compute(x: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor
 def hang_forever() -> None:
     while True:
         time.sleep(0.5)
+
+
+def load_batch(step: int) -> None:
+    raise RuntimeError(f"CUDA error: an illegal memory access was encountered (simulated at step {step})")
 
 
 def ddp_mlp(size: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -84,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         if rank == args.hang_rank and step == args.hang_at_step:
             print(f"rank {rank}: hanging at step {step}", file=sys.stderr, flush=True)
             hang_forever()
+        if rank == args.fail_rank and step == args.fail_at_step:
+            load_batch(step)
         if args.ddp:
             reps = 1 + (extra // max(args.matmuls, 1) if rank == args.slow_rank else 0)
             out = x0

@@ -53,7 +53,7 @@ def test_first_failing_rank_is_named_once_with_its_exception_and_followers():
     mon = TwoStage(job="j")
     run_job(mon, 100.0)
     # rank 2 raises at step 40; its peers see the connection close after it, and one gets SIGTERM
-    mon.apply(exit_exc(2, 40, 100.5, "RuntimeError: CUDA error: an illegal memory access was encountered",
+    mon.apply(exit_exc(2, 39, 100.5, "RuntimeError: CUDA error: an illegal memory access was encountered",
                        "RuntimeError", TRACEBACK), 101.0, S)
     mon.apply(exit_exc(0, 39, 100.6, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
                        "Connection closed by peer [127.0.0.1]:29500"), 101.0, S)
@@ -70,7 +70,8 @@ def test_first_failing_rank_is_named_once_with_its_exception_and_followers():
     assert a.details["exc_type"] == "RuntimeError" and "illegal memory access" in a.details["message"]
     assert a.details["frames"] == TRACEBACK and a.stack_groups[0].frames == TRACEBACK
     assert a.details["followers"] == [0, 1, 3] and a.details["follower_count"] == 3
-    assert "rank 2 failed first, at step 40" in a.summary and "3 ranks failed after it" in a.summary
+    assert a.details["last_completed_step"] == 39
+    assert "rank 2 failed first, in step 40" in a.summary and "3 ranks failed after it" in a.summary
     assert mon.rank_states(110.0, S)[2] == "exited:exception"
 
 

@@ -1,0 +1,54 @@
+"""A rank that raises ends the job: one rank_failed alert names it, its exception and its traceback.
+
+Real torchrun ranks (gloo) -> real Kafka -> processors -> alerts topic and chDB. Rank 2 raises a
+RuntimeError at step 40 while its peers wait for it in all_reduce; they fail after it (the
+connection closes, or the launcher stops them), and must be listed as followers, not culprits.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rankscope.config import Settings
+from storage.store import Store
+from tests.integration.helpers import AlertReader, start_job, stop_process, tail, wait_until
+from tests.integration.test_end_to_end import pipeline  # noqa: F401  (the module's stack)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.torchrun]
+
+
+def test_raised_exception_gives_one_rank_failed_alert(pipeline: tuple[Settings, Store, Path]) -> None:  # noqa: F811
+    settings, store, work = pipeline
+    job = f"crash-{uuid.uuid4().hex[:6]}"
+    log = work / f"{job}.log"
+    reader = AlertReader(settings)
+    proc = start_job(settings, job, log, "--steps", "100000", "--fail-rank", "2", "--fail-at-step", "40")
+    try:
+        assert wait_until(lambda: proc.poll() is not None, 180, "the job to end after the failure"), tail(log)
+        assert proc.returncode != 0
+        alert = reader.wait_for(lambda a: a.job == job and a.kind == "rank_failed", 120, "rank_failed",
+                                on_timeout=lambda: tail(log))
+        assert alert.ranks == [2] and alert.step == 40 and alert.severity == "critical", alert
+        assert alert.details["exc_type"] == "RuntimeError", alert.details
+        assert "illegal memory access" in alert.details["message"]
+        assert any("load_batch" in f for f in alert.details["frames"]), alert.details["frames"]
+        assert alert.stack_groups and alert.stack_groups[0].frames == alert.details["frames"]
+        assert 2 not in alert.details["followers"]
+        # Every peer fails after it and joins as a follower of the same incident.
+        last = reader.wait_for(lambda a: a.job == job and a.kind == "rank_failed"
+                               and a.details["follower_count"] == 3, 120, "rank_failed with 3 followers")
+        assert sorted(last.details["followers"]) == [0, 1, 3] and last.ranks == [2]
+        mine = [a for a in reader.alerts(job) if a.kind == "rank_failed"]
+        assert {a.alert_id for a in mine} == {alert.alert_id}
+        assert [a.status for a in mine].count("open") == 1
+        # The stored copy answers SQL the same way.
+        rows = wait_until(lambda: store.query_rows(
+            "SELECT ranks, kind FROM rankscope.alerts FINAL WHERE job = {job:String} AND kind = 'rank_failed'",
+            parameters={"job": job}), 60, "the rank_failed alert in chDB")
+        assert rows[0][0] == [2]
+    finally:
+        stop_process(proc)
+        reader.close()
