@@ -1,0 +1,213 @@
+"""Step sources of the attach path, the attach rules, and the exception exit record (no broker)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from producers.attach import ATTACHED_PID, attach_env, boot_dir, should_attach
+from producers.step_hooks import OptimizerSteps, StepMarker
+from producers.tracer import Tracer
+from rankscope.config import ConfigError, Settings
+from rankscope.wire import decode
+
+
+class Recording:
+    dropped = 0
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def send(self, _topic: str, _key: bytes, value: bytes) -> bool:
+        self.sent.append(value)
+        return True
+
+    def close(self, timeout_s: float) -> None:
+        pass
+
+    def exits(self) -> list:
+        return [m for m in map(decode, self.sent) if m.kind == "exit"]
+
+
+def make_tracer() -> tuple[Tracer, Recording]:
+    t = Recording()
+    return Tracer(Settings(job_id="j", hw_sample_s=0, control_enabled=False, heartbeat_s=60, ddp_autodetect=False),
+                  transport=t, install_collective_timing=False, handle_signals=False), t
+
+
+def train(opts: list[torch.optim.Optimizer], models: list[torch.nn.Module], iterations: int) -> None:
+    for _ in range(iterations):
+        for m, o in zip(models, opts, strict=True):
+            o.zero_grad()
+            m(torch.randn(2, 4)).sum().backward()
+            o.step()
+
+
+def test_two_optimizers_make_one_step_per_iteration() -> None:
+    steps: list[int] = []
+    counter = OptimizerSteps(lambda: steps.append(1))
+    assert counter.install()
+    try:
+        models = [torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)]
+        opts: list[torch.optim.Optimizer] = [torch.optim.SGD(models[0].parameters(), lr=0.1),
+                                             torch.optim.Adam(models[1].parameters(), lr=0.1)]
+        train(opts, models, 5)
+        assert len(steps) == 5
+    finally:
+        counter.remove()
+    train(opts, models, 2)
+    assert len(steps) == 5          # removed: no more steps
+
+
+def test_a_new_optimizer_leads_once_the_first_is_gone() -> None:
+    steps: list[int] = []
+    counter = OptimizerSteps(lambda: steps.append(1))
+    counter.install()
+    try:
+        model = torch.nn.Linear(4, 1)
+        first = torch.optim.SGD(model.parameters(), lr=0.1)
+        train([first], [model], 2)
+        del first
+        import gc
+
+        gc.collect()
+        train([torch.optim.SGD(model.parameters(), lr=0.1)], [model], 3)
+        assert len(steps) == 5
+    finally:
+        counter.remove()
+
+
+def test_optimizer_steps_end_tracer_steps() -> None:
+    tracer, t = make_tracer()
+    counter = OptimizerSteps(tracer.step)
+    counter.install()
+    try:
+        model = torch.nn.Linear(4, 1)
+        train([torch.optim.SGD(model.parameters(), lr=0.1)], [model], 3)
+    finally:
+        counter.remove()
+    assert tracer.current_step == 2
+    tracer.close()
+
+
+@pytest.fixture
+def marker_module(tmp_path: Path) -> str:
+    name = "rankscope_marker_mod_for_test"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent("""
+        def train_step(x):
+            return x + 1
+
+        class Loop:
+            def step(self):
+                return 2
+
+            @staticmethod
+            def fixed():
+                return 3
+
+        def loop(n):
+            return [train_step(i) for i in range(n)]
+    """))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield name
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(name, None)
+
+
+def test_step_marker_wraps_a_function_when_its_module_is_imported(marker_module: str) -> None:
+    import importlib
+
+    steps: list[int] = []
+    marker = StepMarker(f"{marker_module}:train_step", lambda: steps.append(1))
+    marker.install()
+    assert not marker.wrapped and marker_module not in sys.modules
+    mod = importlib.import_module(marker_module)
+    assert marker.wrapped
+    assert mod.loop(4) == [1, 2, 3, 4]           # calls from inside the module count too
+    assert len(steps) == 4
+    marker.remove()
+
+
+def test_step_marker_wraps_methods_of_an_imported_module(marker_module: str) -> None:
+    import importlib
+
+    mod = importlib.import_module(marker_module)
+    steps: list[int] = []
+    StepMarker(f"{marker_module}:Loop.step", lambda: steps.append(1)).install()
+    StepMarker(f"{marker_module}:Loop.fixed", lambda: steps.append(2)).install()
+    assert mod.Loop().step() == 2 and mod.Loop.fixed() == 3 and mod.Loop().fixed() == 3
+    assert steps == [1, 2, 2]
+
+
+def test_a_bad_step_marker_is_refused_by_the_settings() -> None:
+    with pytest.raises(ConfigError, match="step_marker"):
+        Settings(step_marker="train_step")
+    assert Settings(step_marker="pkg.loop:Trainer.step").step_marker == "pkg.loop:Trainer.step"
+
+
+def test_only_ranks_that_no_attached_ancestor_made_are_attached() -> None:
+    on = {"RANKSCOPE_ATTACH": "1"}
+    assert not should_attach({}, 10)
+    assert not should_attach(on, 10)                                   # the torchrun launcher: no RANK
+    assert should_attach({**on, "RANK": "3"}, 10)
+    assert should_attach({**on, "RANKSCOPE_RANK": "0"}, 10)             # another launcher, rank set by hand
+    assert not should_attach({**on, "RANK": "3", ATTACHED_PID: "9"}, 10)   # a spawned DataLoader worker
+    assert should_attach({**on, "RANK": "3", ATTACHED_PID: "10"}, 10)      # the rank itself, re-exec'd
+    env = attach_env({"PYTHONPATH": "/a:/b"})
+    assert env["PYTHONPATH"].split(":") == [boot_dir(), "/a", "/b"]
+    assert (Path(boot_dir()) / "sitecustomize.py").is_file()
+
+
+def failing_step() -> None:
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_an_exception_exit_carries_its_type_and_frames() -> None:
+    tracer, t = make_tracer()
+    tracer.step()
+    with pytest.raises(RuntimeError), tracer:
+        failing_step()
+    (exit_,) = t.exits()
+    body = exit_.body
+    assert body["reason"] == "exception" and body["step"] == 0
+    assert body["detail"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert body["exc_type"] == "RuntimeError"
+    assert body["frames"][0].endswith("test_an_exception_exit_carries_its_type_and_frames")
+    assert body["frames"][-1].endswith("failing_step") and "test_step_hooks.py:" in body["frames"][-1]
+
+
+class StepFailed(Exception):
+    pass
+
+
+def test_the_excepthook_records_a_qualified_type_and_at_most_48_frames() -> None:
+    def deep(n: int) -> None:
+        if n == 0:
+            raise StepFailed("boom")
+        deep(n - 1)
+
+    tracer, t = make_tracer()
+    seen: list[type] = []
+    tracer._prev_excepthook = lambda et, e, tb: seen.append(et)
+    try:
+        deep(100)
+    except StepFailed:
+        tracer._excepthook(*sys.exc_info())
+    (exit_,) = t.exits()
+    assert exit_.body["exc_type"] == f"{__name__}.StepFailed"
+    assert len(exit_.body["frames"]) == 48
+    assert all(f.endswith(" deep") for f in exit_.body["frames"])   # the innermost frames are kept
+    assert seen == [StepFailed]
+
+
+def test_a_normal_exit_has_no_exception_fields() -> None:
+    tracer, t = make_tracer()
+    tracer.close()
+    (exit_,) = t.exits()
+    assert exit_.body["reason"] == "completed" and "exc_type" not in exit_.body and "frames" not in exit_.body
