@@ -31,12 +31,13 @@ import threading
 import traceback
 from typing import Any
 
-from producers.collectives import CommTimer, install, register_ddp_hook, uninstall
+from producers.collectives import CommTimer, install, uninstall
 from producers.control import ControlListener
+from producers.ddp import DdpWatcher
 from producers.hw import HardwareSampler
 from producers.identity import RankIdentity, resolve_identity
 from producers.native_extract import WindowReader
-from producers.stacks import all_thread_stacks
+from producers.stacks import MAX_FRAMES, all_thread_stacks, frame_label
 from producers.trace_window import WindowController
 from producers.transport import Transport
 from producers.untraced import leave_profiler
@@ -94,9 +95,12 @@ class Tracer:
         self._pending: list[tuple[int, int, int, int]] = []
         self._recent = collections.deque(maxlen=32)
         self._comm = CommTimer()
-        self._ddp_hooks: list[Any] = []      # handles of watch_ddp's gradient hooks, removed at close
         if install_collective_timing:
             install(self._comm)
+        # DDP models made before or after this tracer get the last-gradient mark (producers/ddp.py).
+        self._ddp = DdpWatcher(self._comm)
+        if self.settings.ddp_autodetect:
+            self._ddp.start()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, name="rankscope-heartbeat", daemon=True)
         self._thread.start()
@@ -154,15 +158,20 @@ class Tracer:
             pass
 
     def watch_ddp(self, model: Any) -> None:
-        """Under DDP, record when this rank's backward pass produced its last gradient (its busy time)."""
-        if self._ok:
-            try:
-                self._ddp_hooks.append(register_ddp_hook(model, self._comm))
-            except Exception as e:
-                log.warning("rankscope: DDP hook not installed: %s", e)
+        """Under DDP, record when this rank's backward pass produced its last gradient (its busy time).
 
-    def close(self, reason: str = "completed", detail: str = "") -> None:
-        """Send the exit record and flush (bounded by ``flush_timeout_s``). Idempotent."""
+        DDP models are found by themselves (``ddp_autodetect``); this call is for a model the
+        detection cannot see, or with ``ddp_autodetect`` off. A model is marked once however often
+        it is watched."""
+        if self._ok:
+            self._ddp.watch(model)
+
+    def close(self, reason: str = "completed", detail: str = "", *, exc_type: str = "",
+              frames: list[str] | None = None) -> None:
+        """Send the exit record and flush (bounded by ``flush_timeout_s``). Idempotent.
+
+        ``exc_type`` and ``frames`` ("file:line func", outermost first) describe the exception an
+        ``exception`` exit died of."""
         if not self._ok or self._closed:
             return
         self._closed = True
@@ -174,12 +183,15 @@ class Tracer:
             if self.hw_sampler is not None:
                 self.hw_sampler.stop()
             self._send_beat()
-            self._send("exit", {"step": self._step, "reason": reason, "detail": detail[:2000]})
+            body: dict[str, Any] = {"step": self._step, "reason": reason, "detail": detail[:2000]}
+            if exc_type:
+                body["exc_type"] = exc_type[:200]
+            if frames:
+                body["frames"] = [f[:500] for f in frames[-MAX_FRAMES:]]
+            self._send("exit", body)
             self.transport.close(self.settings.flush_timeout_s)
             uninstall(self._comm)
-            for handle in self._ddp_hooks:
-                if handle is not None:
-                    handle.remove()
+            self._ddp.close()
             if self.control is not None:
                 self.control.stop(timeout_s=1.0)   # its consumer closed: no threads or connections left
             # A closed tracer is not kept alive by the interpreter's hooks (a job may make another).
@@ -196,7 +208,20 @@ class Tracer:
         if exc_type is None:
             self.close("completed")
         else:
-            self.close("exception", "".join(traceback.format_exception_only(exc_type, exc)).strip())
+            self.close_on_exception(exc_type, exc, tb)
+
+    def close_on_exception(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Close with an ``exception`` exit record: the one-line message as ``detail``, the exception's
+        type and its traceback frames. Never raises."""
+        try:
+            detail = "".join(traceback.format_exception_only(exc_type, exc)).strip()
+            name = getattr(exc_type, "__qualname__", None) or str(exc_type)
+            module = getattr(exc_type, "__module__", "builtins")
+            full = name if module in ("builtins", "__main__", None) else f"{module}.{name}"
+            frames = [frame_label(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(tb, limit=-MAX_FRAMES)]
+        except Exception:
+            detail, full, frames = "exception", "", []
+        self.close("exception", detail, exc_type=full, frames=frames)
 
     # Background -------------------------------------------------------------------------------
     def _send(self, kind: str, body: dict[str, Any]) -> None:
@@ -272,7 +297,7 @@ class Tracer:
 
     def _excepthook(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
-            self.close("exception", "".join(traceback.format_exception_only(exc_type, exc)).strip())
+            self.close_on_exception(exc_type, exc, tb)
         finally:
             self._prev_excepthook(exc_type, exc, tb)
 

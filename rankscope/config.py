@@ -91,6 +91,9 @@ class Settings:
     flight_steps: int = 256
     native_reader: bool = True  # read trace windows with the C++ reader when built (rankscope build-native)
     control_enabled: bool = True
+    ddp_autodetect: bool = True  # the tracer finds DDP models by itself and marks their busy time
+    attach: bool = False         # set by `rankscope run`: each rank (RANK set) makes a tracer at start-up
+    step_marker: str = ""        # attach: "module:function" whose calls end a step; empty = optimizer steps
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -112,6 +115,9 @@ class Settings:
         if self.producer_compression not in PRODUCER_COMPRESSIONS:
             raise ConfigError(f"producer_compression must be one of {', '.join(PRODUCER_COMPRESSIONS)}, "
                               f"got {self.producer_compression!r}")
+        if self.step_marker and not _is_marker(self.step_marker):
+            raise ConfigError(f"step_marker must be 'module:function' (e.g. 'train:train_step' or "
+                              f"'mypkg.loop:Trainer.step'), got {self.step_marker!r}")
         if self.hw_sample_s < 0:
             raise ConfigError(f"hw_sample_s must be >= 0 (0 = off), got {self.hw_sample_s!r}")
         if not 0 <= self.straggler_min_rel < 10:
@@ -164,6 +170,12 @@ class Settings:
     @classmethod
     def env_names(cls) -> list[str]:
         return [f"RANKSCOPE_{f.name.upper()}" for f in fields(cls)]
+
+
+def _is_marker(spec: str) -> bool:
+    module, sep, func = spec.partition(":")
+    return bool(sep) and all(p.isidentifier() for p in module.split(".")) and \
+        all(p.isidentifier() for p in func.split("."))
 
 
 def _parse(key: str, raw: str, typ: Any) -> Any:
