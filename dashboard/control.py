@@ -17,6 +17,7 @@ from typing import Any
 
 from rankscope.commands.trace import build_request, iter_acks, open_replies_reader, parse_ranks
 from rankscope.config import Settings
+from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 
 MODES = ("once", "every_s", "every_steps", "continuous")
@@ -105,7 +106,7 @@ def request_window(settings: Settings, req: WindowRequest, wait_s: float = ACK_W
     from confluent_kafka import KafkaException, Producer
 
     topic = Topic.CONTROL.name_for(settings)
-    conf = {"bootstrap.servers": settings.bootstrap}
+    conf = client_conf(settings, fatal=True)
     try:
         consumer = open_replies_reader(settings, f"rankscope-dash-{req.request_id}", timeout_s=5,
                                        consumer_factory=consumer_factory)

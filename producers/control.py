@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
 from producers.untraced import leave_profiler
+from rankscope.kafka_client import KafkaAuthError
 from rankscope.wire import WireError, decode
 
 log = logging.getLogger("rankscope.control")
@@ -79,9 +80,11 @@ class ControlListener:
     """Reads commands for (job, rank); calls ``handler(command, request_id, args, ranks, sent_ns)``.
 
     ``reject(request_id, reason)`` answers malformed commands. ``consumer`` is injectable for tests.
+    ``bootstrap`` is an address or a client configuration (rankscope.kafka_client.client_conf); the
+    listener stops for good when the broker rejects its credentials.
     """
 
-    def __init__(self, bootstrap: str, topic: str, job: str, rank: int,
+    def __init__(self, bootstrap: str | Mapping[str, Any], topic: str, job: str, rank: int,
                  handler: Callable[[str, str, dict[str, Any], list[int] | None, int], None],
                  reject: Callable[[str, str], None], consumer: Any = None) -> None:
         self.job, self.rank, self.topic = job, rank, topic
@@ -108,10 +111,15 @@ class ControlListener:
         # A long poll: the broker answers a fetch as soon as a command arrives, so waiting up to 5 s
         # (librdkafka's default is 0.5 s) costs no latency and cuts an idle rank's fetch requests
         # from 2/s to 0.2/s (thousands of ranks poll one control topic).
-        c = Consumer({"bootstrap.servers": self._bootstrap, "group.id": f"rankscope-rank-{self.job}-{self.rank}",
+        base = {"bootstrap.servers": self._bootstrap} if isinstance(self._bootstrap, str) else dict(self._bootstrap)
+        c = Consumer({**base, "group.id": f"rankscope-rank-{self.job}-{self.rank}",
                       "enable.auto.commit": False, "auto.offset.reset": "latest", "fetch.wait.max.ms": 5000,
                       "logger": logging.getLogger("rankscope.librdkafka"), "log_level": 3})
-        md = c.list_topics(self.topic, timeout=10)
+        try:
+            md = c.list_topics(self.topic, timeout=10)
+        except Exception:
+            c.poll(0)  # surfaces an authentication failure (KafkaAuthError from a fatal error_cb)
+            raise
         parts = md.topics[self.topic].partitions if self.topic in md.topics else {}
         if not parts:
             raise RuntimeError(f"control topic {self.topic} not found")
@@ -123,6 +131,8 @@ class ControlListener:
         while not self._stop.is_set() and self._consumer is None:
             try:
                 self._consumer = self._make_consumer()
+            except KafkaAuthError:
+                return  # reported once by the error callback; retrying with the same credentials cannot help
             except Exception as e:
                 log.debug("control channel not ready: %s", e)
                 self._stop.wait(backoff)
@@ -131,6 +141,8 @@ class ControlListener:
             leave_profiler()
             try:
                 msg = self._consumer.poll(0.5)
+            except KafkaAuthError:
+                break
             except Exception as e:
                 log.debug("control poll failed: %s", e)
                 self._stop.wait(1.0)

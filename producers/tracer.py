@@ -43,6 +43,7 @@ from producers.transport import Transport
 from producers.untraced import leave_profiler
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
+from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
 from rankscope.wire import rank_key as steps_key
@@ -71,7 +72,7 @@ class Tracer:
         self._key = self.identity.job.encode()
         self._rank_key = steps_key(self.identity.job, self.identity.rank)
         self.transport = transport or Transport(
-            self.settings.bootstrap, queue_max=self.settings.queue_max,
+            self.settings.bootstrap, queue_max=self.settings.queue_max, producer_config=client_conf(self.settings),
             compression=self.settings.producer_compression, client_id=f"rankscope-{self.identity.job}-{self.identity.rank}")
         self._seq = 0
         self._seq_lock = threading.Lock()
@@ -87,7 +88,7 @@ class Tracer:
         self._flight: collections.deque[tuple[int, int, int, int]] = collections.deque(maxlen=self.settings.flight_steps)
         self.control: ControlListener | None = None
         if self.settings.control_enabled and transport is None:
-            self.control = ControlListener(self.settings.bootstrap, self._control_topic, self.identity.job,
+            self.control = ControlListener(client_conf(self.settings, fatal=True), self._control_topic, self.identity.job,
                                            self.identity.rank, handler=self._on_control,
                                            reject=lambda rid, why: self._ack(rid, "rejected", why)).start()
         self._step = -1                      # last completed step

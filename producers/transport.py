@@ -18,6 +18,7 @@ import weakref
 from typing import Any
 
 from producers.untraced import leave_profiler
+from rankscope.kafka_client import auth_error_cb, failure_kind
 
 log = logging.getLogger("rankscope.transport")
 
@@ -41,6 +42,7 @@ class Transport:
         self._delivered = 0
         self._failed = 0
         self._broker_down_warned = False
+        self._rejected = False
         self._closed = False
         self._pid = os.getpid()
         self._producer: Any = None
@@ -67,6 +69,7 @@ class Transport:
                 "log_level": 2,
             }
             conf.update(producer_config or {})
+            conf["error_cb"] = auth_error_cb(conf, self._on_error)
             self._producer = Producer(conf)
         except Exception as e:  # bad config or missing library: degrade, never fail training
             log.warning("rankscope: Kafka producer unavailable (%s); telemetry disabled", e)
@@ -150,6 +153,8 @@ class Transport:
                 self._producer.poll(0)
             except Exception:
                 pass
+            if self._rejected:
+                self._give_up()
 
     def _drain(self) -> None:
         producer = self._producer
@@ -181,7 +186,24 @@ class Transport:
         else:
             self._failed += 1
 
+    def _give_up(self) -> None:
+        # The broker rejected the credentials (or TLS): reconnecting would repeat that every few
+        # hundred ms, so the producer is released and telemetry stays off (reported once).
+        self._closed = True
+        self._dropped += len(self._queue)
+        self._queue.clear()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.purge()
+            except Exception:
+                pass
+        del producer
+
     def _on_error(self, err: Any) -> None:
+        if failure_kind(err) is not None:
+            self._rejected = True
+            return
         try:
             from confluent_kafka import KafkaError
 

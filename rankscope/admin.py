@@ -13,6 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from rankscope.config import Settings
+from rankscope.kafka_client import client_conf
 from rankscope.topics import all_topic_names
 
 log = logging.getLogger(__name__)
@@ -25,23 +26,32 @@ class KafkaUnavailable(RuntimeError):
     """No Kafka cluster answered at the bootstrap address in time."""
 
 
-def admin_client(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, "logger": _client_log})
+def admin_client(target: str | Settings) -> AdminClient:
+    """An admin client for a bootstrap address (plain) or for ``Settings`` (with their security;
+    a rejected login raises KafkaAuthError from the client's ``poll``)."""
+    base = {"bootstrap.servers": target} if isinstance(target, str) else client_conf(target, fatal=True)
+    return AdminClient({**base, "logger": _client_log})
 
 
-def kafka_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """One metadata round trip: True when the cluster answered within ``timeout_s``."""
+def kafka_answers(target: str | Settings, timeout_s: float = 2.0) -> bool:
+    """One metadata round trip: True when the cluster answered within ``timeout_s``.
+
+    Raises KafkaAuthError when the broker rejects the credentials of ``Settings``."""
+    client = admin_client(target)
     try:
-        md = admin_client(bootstrap).list_topics(timeout=timeout_s)
+        md = client.list_topics(timeout=timeout_s)
     except KafkaException:
+        client.poll(0)
         return False
     return bool(md.brokers)
 
 
-def wait_for_kafka(bootstrap: str, timeout_s: float = 30.0) -> None:
-    """Block until a metadata request to ``bootstrap`` succeeds; raise KafkaUnavailable otherwise."""
+def wait_for_kafka(target: str | Settings, timeout_s: float = 30.0) -> None:
+    """Block until a metadata request succeeds; raise KafkaUnavailable otherwise, KafkaAuthError
+    (at once) when the broker rejects the credentials."""
     deadline = time.monotonic() + timeout_s
-    client = admin_client(bootstrap)
+    bootstrap = target if isinstance(target, str) else target.bootstrap
+    client = admin_client(target)
     last: Exception | None = None
     while True:
         remaining = deadline - time.monotonic()
@@ -52,6 +62,7 @@ def wait_for_kafka(bootstrap: str, timeout_s: float = 30.0) -> None:
                 return
         except KafkaException as e:
             last = e
+            client.poll(0)
         time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
 
 
@@ -62,9 +73,9 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
     visible in the cluster metadata with a leader for every partition.
     """
     deadline = time.monotonic() + timeout_s
-    wait_for_kafka(settings.bootstrap, timeout_s)
+    wait_for_kafka(settings, timeout_s)
     names = list(all_topic_names(settings).values())
-    client = admin_client(settings.bootstrap)
+    client = admin_client(settings)
     existing = set(client.list_topics(timeout=max(deadline - time.monotonic(), 1.0)).topics)
     missing = [n for n in names if n not in existing]
     if missing:
@@ -107,7 +118,7 @@ def delete_topics(settings: Settings, names: Iterable[str], timeout_s: float = 3
     names = list(names)
     if not names:
         return
-    client = admin_client(settings.bootstrap)
+    client = admin_client(settings)
     futures = client.delete_topics(names, operation_timeout=timeout_s, request_timeout=timeout_s)
     for _name, fut in futures.items():
         try:

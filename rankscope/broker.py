@@ -18,7 +18,8 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankscope.admin import kafka_answers
@@ -79,11 +80,44 @@ def _tail(path: Path, n: int) -> list[str]:
         return []
 
 
-class LocalBroker:
-    """One single-node KRaft broker on 127.0.0.1:settings.kafka_port."""
+@dataclass(frozen=True)
+class SaslSslListener:
+    """A second listener, ``SASL_SSL://127.0.0.1:<port>``, beside the PLAINTEXT one (which stays for
+    the broker's own readiness probe and inter-broker traffic on loopback).
 
-    def __init__(self, settings: Settings) -> None:
+    ``keystore`` is a PKCS12 file holding the broker's key and a certificate for 127.0.0.1;
+    ``users`` (name -> password) become SCRAM credentials of ``mechanism`` when the storage is
+    formatted, so they apply to a broker whose data dir is new.
+    """
+
+    port: int
+    keystore: Path
+    keystore_password: str = field(repr=False)
+    users: Mapping[str, str] = field(default_factory=dict, repr=False)
+    mechanism: str = "SCRAM-SHA-512"
+
+    def server_properties(self, host: str) -> dict[str, str]:
+        return {
+            "sasl.enabled.mechanisms": self.mechanism,
+            f"listener.name.sasl_ssl.{self.mechanism.lower()}.sasl.jaas.config":
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            "ssl.keystore.type": "PKCS12",
+            "ssl.keystore.location": str(self.keystore),
+            "ssl.keystore.password": self.keystore_password,
+            "ssl.client.auth": "none",
+        }
+
+    def scram_args(self) -> list[str]:
+        return [a for name, pw in self.users.items()
+                for a in ("--add-scram", f"{self.mechanism}=[name={name},password={pw}]")]
+
+
+class LocalBroker:
+    """One single-node KRaft broker on 127.0.0.1:settings.kafka_port (and ``sasl_ssl.port`` when given)."""
+
+    def __init__(self, settings: Settings, sasl_ssl: SaslSslListener | None = None) -> None:
         self.settings = settings
+        self.sasl_ssl = sasl_ssl
         self.version = settings.kafka_version
         self.host = "127.0.0.1"
         self.port = settings.kafka_port
@@ -101,10 +135,16 @@ class LocalBroker:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        if self.sasl_ssl is None:
+            raise BrokerError("this broker has no SASL_SSL listener")
+        return f"{self.host}:{self.sasl_ssl.port}"
+
     # Configuration ----------------------------------------------------------------------------
     def server_properties(self) -> dict[str, str]:
         ctrl = f"{self.host}:{self.controller_port}"
-        return {
+        props = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{ctrl}",
@@ -126,11 +166,19 @@ class LocalBroker:
             "group.initial.rebalance.delay.ms": "0",
             "log.retention.hours": "24",
         }
+        if self.sasl_ssl is not None:
+            secure = f"SASL_SSL://{self.sasl_ssl_bootstrap}"
+            props["listeners"] += f",{secure}"
+            props["advertised.listeners"] += f",{secure}"
+            props["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL"
+            props.update(self.sasl_ssl.server_properties(self.host))
+        return props
 
     def write_config(self) -> Path:
         self.home.mkdir(parents=True, exist_ok=True)
         body = "".join(f"{k}={v}\n" for k, v in self.server_properties().items())
         self.config_path.write_text("# Written by rankscope/broker.py; rewritten on every start.\n" + body)
+        self.config_path.chmod(0o600)  # may hold the keystore password
         return self.config_path
 
     # Jars ---------------------------------------------------------------------------------------
@@ -200,7 +248,7 @@ class LocalBroker:
                 log.info("reusing running Kafka broker at %s (pid %s)", self.bootstrap, self.pid())
                 return self.bootstrap
             self.pid_path.unlink(missing_ok=True)
-            for port in (self.port, self.controller_port):
+            for port in (self.port, self.controller_port, *([self.sasl_ssl.port] if self.sasl_ssl else [])):
                 if port_open(self.host, port):
                     raise BrokerError(
                         f"port {port} on {self.host} is already in use by another process (not the broker "
@@ -290,12 +338,16 @@ class LocalBroker:
             return
         self.log_dirs.mkdir(parents=True, exist_ok=True)
         cmd = [java, *JVM_HEAP, "-cp", f"{libs}/*", *self._log_props(), "kafka.tools.StorageTool",
-               "format", "-t", new_cluster_id(), "-c", str(self.config_path), "--ignore-formatted"]
+               "format", "-t", new_cluster_id(), "-c", str(self.config_path), "--ignore-formatted",
+               *(self.sasl_ssl.scram_args() if self.sasl_ssl else [])]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=self.home,
                              stdin=subprocess.DEVNULL)
         if res.returncode != 0:
+            out = res.stdout + res.stderr
+            for secret in (self.sasl_ssl.users.values() if self.sasl_ssl else ()):
+                out = out.replace(secret, "***")
             raise BrokerError(f"formatting Kafka storage in {self.log_dirs} failed (rc={res.returncode}):\n"
-                              + "\n".join((res.stdout + res.stderr).splitlines()[-30:]))
+                              + "\n".join(out.splitlines()[-30:]))
 
     @staticmethod
     def _java() -> str:

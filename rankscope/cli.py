@@ -11,6 +11,7 @@ import pkgutil
 import sys
 
 from rankscope.config import ConfigError, Settings
+from rankscope.kafka_client import KafkaAuthError
 
 
 def common_parser() -> argparse.ArgumentParser:
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"rankscope: error: {e}", file=sys.stderr)
         return 2
+    except KafkaAuthError:
+        return 1  # the client's error callback logged the one clear message
     except KeyboardInterrupt:
         return 130
     return int(rc or 0)

@@ -46,8 +46,21 @@ class Settings:
     kafka_version: str = "4.3.1"
     topic_prefix: str = "rankscope."
     topic_partitions: int = 4
+    # Kafka security, for every client (rankscope/kafka_client.py). Secrets stay out of repr and logs.
+    kafka_security_protocol: str = "PLAINTEXT"  # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
+    kafka_sasl_mechanism: str = "SCRAM-SHA-512"  # SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: str = field(default="", repr=False)
+    kafka_ssl_ca_file: str = ""      # PEM CA that signed the brokers' certificates; empty = system CAs
+    kafka_ssl_cert_file: str = ""    # PEM client certificate (mutual TLS), with kafka_ssl_key_file
+    kafka_ssl_key_file: str = ""
+    kafka_extra: str = field(default="", repr=False)  # more librdkafka properties: "k=v,k=v" or a JSON object
     # ClickHouse: chdb:///path (embedded) or http://host:8123 (server). Empty = chdb in data_dir.
     clickhouse_dsn: str = ""
+    clickhouse_user: str = ""        # server DSN only; overrides a user in the DSN
+    clickhouse_password: str = field(default="", repr=False)
+    clickhouse_ca_file: str = ""     # https DSN: PEM CA of the server's certificate; empty = system CAs
+    clickhouse_verify: bool = True   # https DSN: verify the server's certificate
     # Dashboard / serve process.
     dashboard_port: int = 8501
     dashboard_refresh_s: float = 2.0
@@ -124,7 +137,15 @@ class Settings:
             raise ConfigError(f"straggler_min_rel must be in [0, 10), got {self.straggler_min_rel!r}")
         if self.clickhouse_dsn and not self.clickhouse_dsn.startswith(("chdb://", "http://", "https://")):
             raise ConfigError(
-                f"clickhouse_dsn must start with chdb://, http:// or https://, got {self.clickhouse_dsn!r}")
+                f"clickhouse_dsn must start with chdb://, http:// or https://, got {redact_dsn(self.clickhouse_dsn)!r}")
+        from rankscope.kafka_client import validate
+
+        validate(self)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={redact_dsn(v) if f.name == 'clickhouse_dsn' else v!r}"
+                          for f in fields(self) if f.repr for v in [getattr(self, f.name)])
+        return f"Settings({shown})"
 
     # Derived values -------------------------------------------------------------------------
     @property
@@ -139,6 +160,11 @@ class Settings:
     @property
     def store_dsn(self) -> str:
         return self.clickhouse_dsn or f"chdb://{Path(self.data_dir).resolve() / 'clickhouse'}"
+
+    @property
+    def store_dsn_redacted(self) -> str:
+        """``store_dsn`` without a password, for logs and messages."""
+        return redact_dsn(self.store_dsn)
 
     @property
     def embedded_store(self) -> bool:
@@ -176,6 +202,15 @@ def _is_marker(spec: str) -> bool:
     module, sep, func = spec.partition(":")
     return bool(sep) and all(p.isidentifier() for p in module.split(".")) and \
         all(p.isidentifier() for p in func.split("."))
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with the password of a ``user:password@host`` part replaced by ``***``."""
+    scheme, sep, rest = dsn.partition("://")
+    auth, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in auth.split("/")[0]:
+        return dsn
+    return f"{scheme}://{auth.split(':', 1)[0]}:***@{host}"
 
 
 def _parse(key: str, raw: str, typ: Any) -> Any:

@@ -114,6 +114,7 @@ class SinkThread:
         return True
 
     def _main(self) -> None:
+        from rankscope.kafka_client import KafkaAuthError
         from storage.sink import Sink
 
         while not self.stop_event.is_set():
@@ -124,6 +125,8 @@ class SinkThread:
                     _RUNNING["sink"] = sink
                 log.info("sink consuming %s into %s", sorted(sink.topics.values()), self.store.dsn)
                 sink.run(self.stop_event)
+            except KafkaAuthError:
+                return  # reported once by the client; the same credentials would fail again
             except Exception:
                 log.exception("sink failed; restarting in %.0fs", SINK_RESTART_S)
                 if sink is not None:

@@ -42,6 +42,7 @@ from rankscope.call_paths import expand_call_paths
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
+from rankscope.kafka_client import client_conf
 from rankscope.packed import unpack_int_columns
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, WireError, decode, split_beat
@@ -631,7 +632,7 @@ class Batch:
 
 def consumer_config(settings: Settings) -> dict[str, Any]:
     return {
-        "bootstrap.servers": settings.bootstrap,
+        **client_conf(settings, fatal=True),
         "group.id": settings.sink_group,
         "client.id": "rankscope-sink",
         "enable.auto.commit": False,
@@ -646,7 +647,7 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
 
 
 def producer_config(settings: Settings) -> dict[str, Any]:
-    return {"bootstrap.servers": settings.bootstrap, "client.id": "rankscope-sink-dlq", "acks": "all",
+    return {**client_conf(settings, fatal=True), "client.id": "rankscope-sink-dlq", "acks": "all",
             "enable.idempotence": True, "linger.ms": 20, "logger": _client_log}
 
 

@@ -31,6 +31,7 @@ import faust
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
+from rankscope.kafka_client import faust_auth
 from rankscope.topics import Topic
 from rankscope.trace_start import START_LEAD_NS, plan_start_step
 from rankscope.wire import Envelope, WireError, decode
@@ -52,6 +53,7 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     app = faust.App(
         app_id(settings),
         broker=f"kafka://{settings.bootstrap}",
+        **faust_auth(settings),
         store="memory://",
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=1,

@@ -29,6 +29,7 @@ from confluent_kafka import Consumer, Producer
 from rankscope.clock import Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
+from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 from rankscope.wire import WireError, decode
 from stream_processors.rebuild import rebuild_shards
@@ -72,12 +73,12 @@ class ShardFolder:
     def run(self) -> None:
         s = self.settings
         self.consumer = Consumer({
-            "bootstrap.servers": s.bootstrap, "group.id": self.group_id, "auto.offset.reset": "earliest",
+            **client_conf(s, fatal=True), "group.id": self.group_id, "auto.offset.reset": "earliest",
             "enable.auto.commit": True, "enable.auto.offset.store": False, "auto.commit.interval.ms": 1000,
             "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "fetch.wait.max.ms": 100,
             "partition.assignment.strategy": "cooperative-sticky",
             "logger": log, "log_level": 3})
-        self.producer = Producer({"bootstrap.servers": s.bootstrap, "linger.ms": 5, "compression.type": "lz4",
+        self.producer = Producer({**client_conf(s, fatal=True), "linger.ms": 5, "compression.type": "lz4",
                                   "partitioner": "murmur2_random", "logger": log, "log_level": 3})
         self.consumer.subscribe([self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)

@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from rankscope.alerts import Alert
 from rankscope.config import Settings
+from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 from rankscope.wire import WireError, decode
 from stream_processors.shard import ShardJob
@@ -33,7 +34,7 @@ def read_since(settings: Settings, topic: str, partitions: list[int], since_ms: 
     end each partition had when the call began."""
     if not partitions:
         return
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rankscope-rebuild-{uuid.uuid4().hex}",
+    consumer = Consumer({**client_conf(settings, fatal=True), "group.id": f"rankscope-rebuild-{uuid.uuid4().hex}",
                          "enable.auto.commit": False, "enable.partition.eof": False,
                          "fetch.max.bytes": 16 * 1024 * 1024, "logger": log, "log_level": 3})
     try:

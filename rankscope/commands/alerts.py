@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from rankscope.alerts import Alert
 from rankscope.config import Settings
+from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 
 
@@ -36,7 +37,7 @@ def format_alert(a: Alert) -> str:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from confluent_kafka import Consumer
 
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rankscope-alerts-{uuid.uuid4().hex[:8]}",
+    consumer = Consumer({**client_conf(settings, fatal=True), "group.id": f"rankscope-alerts-{uuid.uuid4().hex[:8]}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     consumer.subscribe([Topic.ALERTS.name_for(settings)])
     idle_since = time.monotonic()

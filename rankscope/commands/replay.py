@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rankscope.config import Settings
+from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
 
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from confluent_kafka import KafkaException, Producer
 
     # log_level 2: librdkafka's connection-refused lines would bury the one message below.
-    producer = Producer({"bootstrap.servers": settings.bootstrap, "client.id": f"rankscope-replay-{job}",
+    producer = Producer({**client_conf(settings, fatal=True), "client.id": f"rankscope-replay-{job}",
                          "log_level": 2})
     try:
         producer.list_topics(timeout=min(10.0, args.timeout))

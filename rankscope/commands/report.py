@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.config import Settings
+from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 
 
@@ -30,7 +31,7 @@ def wait_for_report(settings: Settings, job: str, window_prefix: str, timeout_s:
     """The newest report of ``job`` whose window id starts with ``window_prefix``, waiting up to timeout."""
     from confluent_kafka import Consumer
 
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rankscope-cli-{uuid.uuid4().hex[:8]}",
+    c = Consumer({**client_conf(settings, fatal=True), "group.id": f"rankscope-cli-{uuid.uuid4().hex[:8]}",
                   "auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False})
     c.subscribe([Topic.REPORTS.name_for(settings)])
     found: dict[str, Any] | None = None

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rankscope.config import Settings
+from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 from rankscope.trace_start import START_LEAD_NS, plan_start_step, steps_per_period
 from rankscope.wire import Envelope, WireError, decode, encode
@@ -81,7 +82,7 @@ def latest_stats(settings: Settings, timeout_s: float = 5.0) -> dict[str, list[d
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     topic = Topic.STATS.name_for(settings)
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rankscope-cli-{uuid.uuid4().hex[:8]}",
+    c = Consumer({**client_conf(settings, fatal=True), "group.id": f"rankscope-cli-{uuid.uuid4().hex[:8]}",
                   "enable.auto.commit": False})
     latest: dict[str, dict[int, dict[str, Any]]] = {}
     jobs: dict[str, list[dict[str, Any]]] = {}
@@ -133,7 +134,7 @@ def open_replies_reader(settings: Settings, group_id: str, timeout_s: float = 10
     from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
     replies = Topic.REPLIES.name_for(settings)
-    consumer = (consumer_factory or Consumer)({"bootstrap.servers": settings.bootstrap, "group.id": group_id,
+    consumer = (consumer_factory or Consumer)({**client_conf(settings, fatal=True), "group.id": group_id,
                                                "enable.auto.commit": False})
     try:
         meta = consumer.list_topics(replies, timeout=timeout_s).topics.get(replies)
@@ -244,7 +245,7 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
     except RuntimeError as e:
         print(f"rankscope trace: {e}", file=sys.stderr)
         return 2, ""
-    producer = Producer({"bootstrap.servers": settings.bootstrap})
+    producer = Producer(client_conf(settings, fatal=True))
     period = steps_per_period(stats[args.job], parse_duration(args.every), args.steps) if args.every else 0
     producer.produce(topic, key=args.job.encode(),
                      value=build_request(args, ranks, request_id, args.job,
