@@ -206,3 +206,62 @@ def test_a_4096_rank_job_stays_within_message_bounds(settings: Settings, work: P
         stop_process(proc)
         for r in (alerts, shards, stats):
             r.close()
+
+
+def jobs_on_every_partition(settings: Settings, prefix: str) -> list[str]:
+    """One job id per partition of the shards topic (keyed by job, murmur2 as the clients hash)."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    parts = list(range(settings.topic_partitions))
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < len(parts):
+        job = f"{prefix}{i}"
+        found.setdefault(DefaultPartitioner()(job.encode(), parts, parts), job)
+        i += 1
+    return [found[p] for p in parts]
+
+
+def test_a_worker_added_mid_job_loses_no_incident(settings: Settings, work: Path) -> None:
+    logs = [work / "w1.log", work / "w2.log"]
+    alerts = AlertReader(settings)
+    diag = lambda: "\n".join(f"--- {p.name}\n{tail(p, 60)}" for p in sorted(work.glob("*.log")))  # noqa: E731
+    # One job per shards partition: whichever partitions the new worker takes, incidents move with them.
+    jobs = jobs_on_every_partition(settings, f"add-{uuid.uuid4().hex[:4]}-")
+    workers = [start_processors(settings, logs[0])]
+    loads = []
+    try:
+        wait_until(lambda: ready_count(logs[0]) >= 1, 120, "the first worker to take its partitions")
+        loads = [start_load(settings, work / f"{job}.log", job, 16, 100, "--dead-at", "10", "--dead-rank", "5",
+                            "--hang-at", "55", "--hang-rank", "9", "--exit") for job in jobs]
+        for job in jobs:
+            alerts.wait_for(lambda a, job=job: a.job == job and a.kind == "dead_rank" and a.status == "open", 120,
+                            f"{job}'s dead rank", diag)
+        workers.append(start_processors(settings, logs[1]))
+
+        def took_open_incidents() -> bool:
+            moved = [line for line in tail(logs[1], 10_000).splitlines() if "assigned shards partitions [" in line
+                     and "assigned shards partitions []" not in line]
+            return bool(moved) and ready_count(logs[1]) >= 1 and not moved[-1].endswith("(0 open incidents)")
+        wait_until(took_open_incidents, 120, "the new worker to take shards partitions with their open incidents")
+        for job in jobs:
+            alerts.wait_for(lambda a, job=job: a.job == job and a.kind == "hang" and a.status == "open", 150,
+                            f"{job}'s hang after a worker joined", diag)
+        for load in loads:
+            assert load.wait(300) == 0, diag()
+        alerts.poll(3.0)
+        for job in jobs:
+            got = [a for a in alerts.alerts() if a.job == job]
+            dead = [a for a in got if a.kind == "dead_rank"]
+            assert len(opened(got, job, "dead_rank")) == 1 and len({a.alert_id for a in dead}) == 1, \
+                [(a.status, a.alert_id, a.summary) for a in dead]
+            [hang] = opened(got, job, "hang")
+            assert hang.ranks == [9], hang.summary
+            assert [a.summary for a in got if a.kind not in ("hang", "dead_rank")] == []
+        assert all(w.poll() is None for w in workers), diag()
+    finally:
+        for load in loads:
+            stop_process(load)
+        for w in workers:
+            stop_process(w)
+        alerts.close()
