@@ -9,6 +9,7 @@ Everything is synchronous and driven by ``now_s``, so tests replay scenarios wit
 from __future__ import annotations
 
 import heapq
+import statistics
 from typing import Any
 
 from rankscope.config import Settings
@@ -166,6 +167,8 @@ class ShardJob:
         """Per-rank rolling statistics with the rank's state as this shard sees it, in chunks."""
         silent = {st.rank for st in self.silent(now_s, settings)}
         ts_ns = int(now_s * 1e9)
+        z_of = busy_z_scores({r: st.medians()[1] for r, st in self.ranks.items()
+                              if not st.exit_reason and len(st.busy) >= settings.straggler_min_steps})
         rows = []
         for r, st in sorted(self.ranks.items()):
             step_med, busy_med, comm_med = st.medians()
@@ -181,8 +184,22 @@ class ShardJob:
             rows.append({"rank": r, "ts_ns": ts_ns, "step": st.last_step, "window_steps": len(durs),
                          "median_step_ns": step_med,
                          "p95_step_ns": durs[min(len(durs) - 1, int(0.95 * len(durs)))] if durs else 0,
-                         "median_busy_ns": busy_med, "median_comm_ns": comm_med, "busy_z": 0.0, "state": state})
+                         "median_busy_ns": busy_med, "median_comm_ns": comm_med, "busy_z": round(z_of.get(r, 0.0), 3),
+                         "state": state})
         return [rows[i:i + STATS_ROWS_PER_MESSAGE] for i in range(0, len(rows), STATS_ROWS_PER_MESSAGE)]
+
+
+def busy_z_scores(busy: dict[int, int]) -> dict[int, float]:
+    """Robust z of each rank's median busy time against this shard's ranks: (v - median) / (1.4826 MAD),
+    the scale floored at 5% of the median. Ranks spread over shards by rank, so a shard's ranks are
+    a sample of the job's; the slow-rank rule itself judges against the whole job (monitor.py)."""
+    if len(busy) < 3:
+        return {}
+    vals = sorted(busy.values())
+    med = statistics.median(vals)
+    mad = statistics.median(abs(v - med) for v in vals)
+    scale = max(1.4826 * mad, 0.05 * med, 1000.0)
+    return {r: (v - med) / scale for r, v in busy.items()}
 
 
 def _within_bound(summary: ShardSummary) -> ShardSummary:
