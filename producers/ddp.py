@@ -36,6 +36,9 @@ from producers.collectives import CommTimer, register_ddp_hook
 log = logging.getLogger("rankscope.ddp")
 
 _DDP_MODULE = "torch.nn.parallel.distributed"
+# DDP's reducer waits for the gradient all-reduce in C++, below the autograd engine's Python frames;
+# this frame stands for that wait, so a stack read elsewhere shows the rank waiting in a collective.
+REDUCER_WAIT_FRAME = "torch/nn/parallel/distributed.py:0 all_reduce (DDP reducer: gradients ready, waiting for peers)"
 _PATCH_MARK = "_rankscope_ddp_init"
 _WATCHERS: list[DdpWatcher] = []
 _LOCK = threading.Lock()
@@ -143,3 +146,12 @@ def _on_new_model(model: Any) -> None:
             w.watch(model)
         except Exception:
             pass
+
+
+def mark_reducer_wait(stacks: list[dict[str, Any]], max_frames: int) -> None:
+    """Append :data:`REDUCER_WAIT_FRAME` to each stack stopped inside autograd's backward (call it
+    only when this rank's DDP backward has produced its last gradient in the current step)."""
+    for s in stacks:
+        frames = s.get("frames") or []
+        if frames and "torch/autograd/" in frames[-1]:
+            s["frames"] = [*frames[-(max_frames - 1):], REDUCER_WAIT_FRAME]

@@ -33,7 +33,7 @@ from typing import Any
 
 from producers.collectives import CommTimer, install, uninstall
 from producers.control import ControlListener
-from producers.ddp import DdpWatcher
+from producers.ddp import DdpWatcher, mark_reducer_wait
 from producers.hw import HardwareSampler
 from producers.identity import RankIdentity, resolve_identity
 from producers.native_extract import WindowReader
@@ -92,6 +92,7 @@ class Tracer:
                                            self.identity.rank, handler=self._on_control,
                                            reject=lambda rid, why: self._ack(rid, "rejected", why)).start()
         self._step = -1                      # last completed step
+        self._in_startup = False             # defer_first_step(): the next step() ends step 0, unrecorded
         self._step_start_ns = self.clock.wall_ns()
         self._pending: list[tuple[int, int, int, int]] = []
         self._recent = collections.deque(maxlen=32)
@@ -141,6 +142,13 @@ class Tracer:
             return
         try:
             now = self.clock.wall_ns()
+            if self._in_startup:      # step 0 ends here; its start is unknown, so it has no record
+                self._in_startup = False
+                self._step = 0
+                self._step_start_ns = now
+                self._comm.take()
+                self._comm.ddp_ready_ns = 0
+                return
             start = self._step_start_ns
             comm = self._comm.take()
             ready = self._comm.ddp_ready_ns
@@ -157,6 +165,15 @@ class Tracer:
                 self.windows.on_step(self._step)
         except Exception:
             pass
+
+    def defer_first_step(self) -> None:
+        """Treat the time until the next ``step()`` as start-up: that call ends step 0 without a step
+        record (where start-up ends and step 0 begins is unknown), so step numbers still count the
+        script's iterations from 0. Until then heartbeats report no time since a step (start-up is
+        never taken for a hang) and carry no stacks. The attach path uses it: an unmodified script's
+        first optimizer step comes after its imports, rendezvous, checkpoint loading and first iteration."""
+        if self._ok:
+            self._in_startup = True
 
     def watch_ddp(self, model: Any) -> None:
         """Under DDP, record when this rank's backward pass produced its last gradient (its busy time).
@@ -273,7 +290,7 @@ class Tracer:
 
     def heartbeat_body(self) -> dict[str, Any]:
         now = self.clock.wall_ns()
-        since = (now - self._step_start_ns) / 1e9
+        since = 0.0 if self._in_startup else (now - self._step_start_ns) / 1e9
         stacks = None
         if self._recent:
             typical = statistics.median(self._recent) / 1e9
@@ -281,6 +298,8 @@ class Tracer:
             typical = 0.0
         if since > max(self.settings.stall_stack_min_s, self.settings.stall_stack_factor * typical):
             stacks = all_thread_stacks(skip_thread_ids={self._thread.ident or 0})
+            if self._comm.ddp_ready_ns > self._step_start_ns:
+                mark_reducer_wait(stacks, MAX_FRAMES)
         return {"step": self._step, "since_step_s": round(since, 3), "dropped": self.dropped,
                 "world_size": self.identity.world_size, "local_rank": self.identity.local_rank,
                 "stacks": stacks}

@@ -11,7 +11,9 @@
    process that inherits another pid there (a DataLoader worker started by spawn or forkserver, a
    compile worker) is left alone. A forked child inherits the parent's tracer, which is inert there.
 
-The tracer gets its steps from the optimizer (:class:`producers.step_hooks.OptimizerSteps`) or,
+The time before the first optimizer step (imports, rendezvous, loading, the first iteration) is
+start-up, never taken for a hang; step 0 ends there without a record
+(:meth:`~producers.tracer.Tracer.defer_first_step`). The tracer gets its steps from the optimizer (:class:`producers.step_hooks.OptimizerSteps`) or,
 with ``step_marker`` set, from calls of that function; it finds DDP models by itself
 (``ddp_autodetect``), and its exit hooks record how the rank ended (an exception's type and
 traceback frames included).
@@ -72,6 +74,7 @@ def attach_if_rank(env: MutableMapping[str, str] | None = None, **tracer_kw: Any
 
         settings = Settings.from_env(env)
         tracer = Tracer(settings, **tracer_kw)
+        tracer.defer_first_step()
         env[ATTACHED_PID] = str(os.getpid())
         source: Any
         if settings.step_marker:

@@ -146,3 +146,17 @@ def test_watcher_ignores_a_model_without_trainable_parameters(gloo_group: None) 
     frozen = torch.nn.Linear(2, 2).requires_grad_(False)
     assert w.watch(frozen) is False
     w.close()
+
+
+def test_a_stack_stopped_in_backward_after_the_last_gradient_shows_the_reducer_wait() -> None:
+    from producers.ddp import REDUCER_WAIT_FRAME, mark_reducer_wait
+    from stream_processors.stacks import waiting_in_collective
+
+    in_backward = [f"train.py:{i} main" for i in range(47)] + ["torch/autograd/graph.py:829 _engine_run_backward"]
+    elsewhere = ["train.py:10 main", "train.py:20 __getitem__"]
+    stacks = [{"thread": "MainThread", "frames": list(in_backward)}, {"thread": "loader", "frames": list(elsewhere)}]
+    assert not waiting_in_collective(in_backward)
+    mark_reducer_wait(stacks, 48)
+    assert stacks[0]["frames"][-2:] == [in_backward[-1], REDUCER_WAIT_FRAME] and len(stacks[0]["frames"]) == 48
+    assert waiting_in_collective(stacks[0]["frames"])
+    assert stacks[1]["frames"] == elsewhere

@@ -211,3 +211,30 @@ def test_a_normal_exit_has_no_exception_fields() -> None:
     tracer.close()
     (exit_,) = t.exits()
     assert exit_.body["reason"] == "completed" and "exc_type" not in exit_.body and "frames" not in exit_.body
+
+
+def test_startup_before_the_first_step_is_not_a_step_nor_a_stall() -> None:
+    from rankscope.clock import ManualClock
+
+    clock = ManualClock()
+    t = Recording()
+    tracer = Tracer(Settings(job_id="j", hw_sample_s=0, control_enabled=False, heartbeat_s=60, ddp_autodetect=False,
+                             stall_stack_min_s=3), clock=clock, transport=t, install_collective_timing=False,
+                    handle_signals=False)
+    tracer.defer_first_step()
+    clock.advance(30.0)                      # imports, rendezvous, checkpoint loading
+    body = tracer.heartbeat_body()
+    assert body["step"] == -1 and body["since_step_s"] == 0.0 and body["stacks"] is None
+    tracer.step()                            # the first optimizer step ends step 0, without a record
+    assert tracer.current_step == 0
+    clock.advance(0.5)
+    tracer.step()
+    clock.advance(4.0)
+    body = tracer.heartbeat_body()
+    assert body["step"] == 1 and body["since_step_s"] == 4.0 and body["stacks"]
+    tracer.close()
+    beats = [m for m in map(decode, t.sent) if m.kind == "beat"]
+    starts = [s for m in beats for s in m.body["start_ns"]]
+    ends = [e for m in beats for e in m.body["end_ns"]]
+    assert [s for m in beats for s in m.body["step"]] == [1]
+    assert ends[0] - starts[0] == 500_000_000

@@ -1,0 +1,88 @@
+"""A plain DDP training script (gloo on CPU) with no rankscope in it, for ``rankscope run`` tests.
+
+    torchrun --nproc-per-node 4 plain_ddp.py --steps 200 --slow-rank 1 --slow-factor 4
+
+Options plant one fault: ``--slow-rank`` runs the forward pass ``--slow-factor`` times on that rank;
+``--hang-rank``/``--hang-at-index`` make the Dataset's ``__getitem__`` block on that rank at that index;
+``--crash-rank``/``--crash-at-step`` raise at that step. Two optimizers (one per half of the model)
+each step once per iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+
+
+class Samples(Dataset):
+    def __init__(self, n: int, size: int, hang_at: int) -> None:
+        self.n, self.size, self.hang_at = n, size, hang_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.hang_at:
+            print(f"rank {dist.get_rank()}: data loading blocked at index {i}", file=sys.stderr, flush=True)
+            while True:        # a read from a dead file system
+                time.sleep(0.2)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(self.size, generator=g)
+
+
+class StepFailed(RuntimeError):
+    pass
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--size", type=int, default=128)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-factor", type=int, default=4)
+    p.add_argument("--hang-rank", type=int, default=-1)
+    p.add_argument("--hang-at-index", type=int, default=-1)
+    p.add_argument("--crash-rank", type=int, default=-1)
+    p.add_argument("--crash-at-step", type=int, default=-1)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(args.size, args.size), torch.nn.ReLU()]
+    model = DistributedDataParallel(torch.nn.Sequential(*layers))
+    params = list(model.parameters())
+    opts = [torch.optim.SGD(params[: len(params) // 2], lr=1e-3), torch.optim.SGD(params[len(params) // 2:], lr=1e-3)]
+    hang_at = args.hang_at_index if rank == args.hang_rank else -1
+    loader = DataLoader(Samples(args.steps * args.batch, args.size, hang_at), batch_size=args.batch, num_workers=0)
+    reps = args.slow_factor if rank == args.slow_rank else 1
+    for step, x in enumerate(loader):
+        if rank == args.crash_rank and step == args.crash_at_step:
+            raise StepFailed(f"rank {rank}: planted failure at step {step}")
+        out = x
+        for _ in range(reps):
+            out = model(out)
+        loss = out.square().mean()
+        for o in opts:
+            o.zero_grad()
+        loss.backward()
+        for o in opts:
+            o.step()
+    # Free DDP (its reducer holds gloo work) while Python is fully alive, then leave the group.
+    del model, opts
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""``rankscope run`` on an unmodified script: real torchrun ranks (gloo) -> real Kafka -> processors
+-> alerts topic and chDB. The script (tests/integration/scripts/plain_ddp.py) imports nothing of
+rankscope and calls no tracer: steps come from its two optimizers, DDP is found by itself.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rankscope.admin import ensure_topics
+from rankscope.config import Settings
+from rankscope.topics import Topic
+from rankscope.wire import decode
+from storage.sink import Sink
+from storage.store import Store, close_store, open_store
+from tests.integration.helpers import (
+    REPO,
+    AlertReader,
+    TopicReader,
+    child_env,
+    free_port,
+    stop_process,
+    tail,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.torchrun]
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "plain_ddp.py"
+# Rule settings of this module's processors, explicit: a short hang threshold keeps the hang job
+# short; the slow-rank rule judges over at least 10 s.
+RULES = {"RANKSCOPE_HANG_MIN_S": "6", "RANKSCOPE_STRAGGLER_MIN_S": "10"}
+
+Stack = tuple[Settings, Store, Path]
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Fresh topics, a processors worker subprocess with RULES, and a sink thread writing chDB in tmp."""
+    work = tmp_path_factory.mktemp("attach")
+    settings = kafka_settings.with_overrides(topic_prefix=f"a{uuid.uuid4().hex[:8]}.", data_dir=str(work),
+                                             clickhouse_dsn=f"chdb://{work / 'ch'}", sink_batch_s=0.5)
+    ensure_topics(settings, timeout_s=60)
+    proc_log = work / "processors.log"
+    processors = subprocess.Popen([sys.executable, "-m", "rankscope", "processors"],
+                                  env=child_env(settings, **RULES), stdout=open(proc_log, "wb"),
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    store = open_store(settings.store_dsn)
+    sink = Sink(settings, store)
+    stop = threading.Event()
+    sink_thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    sink_thread.start()
+    try:
+        yield settings, store, work
+    finally:
+        stop.set()
+        sink_thread.join(30)
+        stop_process(processors)
+        close_store(settings.store_dsn)
+        print("processors log tail:\n" + tail(proc_log))
+
+
+def run_job(settings: Settings, job: str, log: Path, *args: str, nproc: int = 4) -> subprocess.Popen[bytes]:
+    """``rankscope run -- torchrun ... plain_ddp.py ARGS`` as a user would type it."""
+    cmd = [sys.executable, "-m", "rankscope", "run", "--job-id", job, "--",
+           sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(SCRIPT), *args]
+    return subprocess.Popen(cmd, env=child_env(settings, **RULES), cwd=REPO, stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def diagnostics(work: Path, log: Path) -> str:
+    return "job log:\n" + tail(log) + "\nprocessors log:\n" + tail(work / "processors.log")
+
+
+def test_the_script_is_unmodified() -> None:
+    text = SCRIPT.read_text()
+    assert "rankscope" not in text.split('"""', 2)[2] and "Tracer" not in text
+
+
+def test_a_slow_ddp_rank_is_named_without_watch_ddp(stack: Stack) -> None:
+    settings, _store, work = stack
+    job = f"attach-slow-{uuid.uuid4().hex[:6]}"
+    log = work / f"{job}.log"
+    reader = AlertReader(settings)
+    proc = run_job(settings, job, log, "--steps", "100000", "--slow-rank", "1", "--slow-factor", "4")
+    try:
+        slow = reader.wait_for(lambda a: a.job == job and a.kind == "slow_rank" and a.status in ("open", "update"),
+                               300, "slow_rank", lambda: diagnostics(work, log))
+        assert slow.ranks == [1], slow.summary
+        assert proc.poll() is None, tail(log)      # named while the job runs
+    finally:
+        stop_process(proc)
+        reader.close()
+
+
+def test_a_hang_in_a_dataset_getitem_is_named_with_that_frame(stack: Stack) -> None:
+    settings, _store, work = stack
+    job = f"attach-hang-{uuid.uuid4().hex[:6]}"
+    log = work / f"{job}.log"
+    reader = AlertReader(settings)
+    # Batches of 32: index 32 * 60 is the first sample of iteration 60.
+    proc = run_job(settings, job, log, "--steps", "100000", "--hang-rank", "2", "--hang-at-index", str(32 * 60),
+                   nproc=3)
+    try:
+        hang = reader.wait_for(lambda a: a.job == job and a.kind == "hang" and a.status in ("open", "update"),
+                               300, "hang", lambda: diagnostics(work, log))
+        assert hang.ranks == [2], hang.summary
+        assert hang.step == 59, hang.summary       # iterations 0..59 done: stuck loading iteration 60
+        culprit = [g for g in hang.stack_groups if 2 in g.ranks]
+        assert culprit and not culprit[0].waiting_in_collective
+        assert any("plain_ddp.py" in f and "__getitem__" in f for f in culprit[0].frames), culprit[0].frames
+        # The peers wait in DDP's gradient all-reduce, inside backward.
+        waiting = [g for g in hang.stack_groups if 2 not in g.ranks]
+        assert waiting and all(g.waiting_in_collective for g in waiting), waiting
+        assert sorted(r for g in hang.stack_groups for r in g.ranks) == [0, 1, 2]
+    finally:
+        stop_process(proc)
+        reader.close()
+
+
+def test_a_healthy_run_stays_silent_and_counts_one_step_per_iteration(stack: Stack) -> None:
+    settings, store, work = stack
+    job = f"attach-ok-{uuid.uuid4().hex[:6]}"
+    log = work / f"{job}.log"
+    proc = run_job(settings, job, log, "--steps", "200")
+    assert proc.wait(300) == 0, tail(log)
+    stats = TopicReader(settings, Topic.STATS)
+    alerts = AlertReader(settings)
+
+    def all_exited() -> bool:
+        stats.poll(1.0)
+        got: dict[int, object] = {}
+        for v in stats.values:
+            env = decode(v)
+            if env.job == job:
+                got.update({r["rank"]: r["state"] for r in env.body["ranks"]})
+        return got == {0: "exited", 1: "exited", 2: "exited", 3: "exited"}
+
+    wait_until(all_exited, 120, "processors to see all four ranks exit")
+    alerts.poll(3.0)
+    assert alerts.alerts(job) == [], [a.summary for a in alerts.alerts(job)]
+    # Two optimizers step per iteration, one step is counted; step 0 (start-up) has no record.
+    def stored() -> tuple | None:
+        row = tuple(store.query_rows("SELECT count(), min(step), max(step), uniqExact(rank) FROM rankscope.steps "
+                                     "FINAL WHERE job = {job:String}", parameters={"job": job})[0])
+        return row if row[0] >= 4 * 199 else None
+
+    assert wait_until(stored, 120, "796 step rows in ClickHouse") == (4 * 199, 1, 199, 4)
+    exits = store.query_rows("SELECT rank, exit_reason FROM rankscope.ranks FINAL WHERE job = {job:String} ORDER BY rank",
+                             parameters={"job": job})
+    assert [tuple(r) for r in exits] == [(r, "completed") for r in range(4)]
+    stats.close()
+    alerts.close()
+
+
+def test_a_raised_exception_is_recorded_with_its_type_and_frames(stack: Stack) -> None:
+    settings, _store, work = stack
+    job = f"attach-crash-{uuid.uuid4().hex[:6]}"
+    log = work / f"{job}.log"
+    steps = TopicReader(settings, Topic.STEPS)
+    reader = AlertReader(settings)
+    proc = run_job(settings, job, log, "--steps", "100000", "--crash-rank", "1", "--crash-at-step", "30", nproc=3)
+    try:
+        assert wait_until(lambda: proc.poll() is not None, 240, "the job to end after the failure"), tail(log)
+        assert proc.returncode != 0
+
+        def exits() -> dict[int, dict]:
+            steps.poll(1.0)
+            return {e.rank: e.body for e in map(decode, steps.values) if e.job == job and e.kind == "exit"}
+
+        got = wait_until(lambda: (lambda x: x if 1 in x else None)(exits()), 120, "rank 1's exit record")
+        body = got[1]
+        assert body["reason"] == "exception" and body["step"] == 29, body
+        assert body["exc_type"] == "StepFailed", body       # named as tracebacks name it
+        assert body["detail"] == "StepFailed: rank 1: planted failure at step 30", body
+        assert body["frames"][-1].endswith(" main") and "plain_ddp.py:" in body["frames"][-1], body["frames"]
+        alert = reader.wait_for(lambda a: a.job == job and a.kind == "rank_failed", 120, "rank_failed",
+                                lambda: diagnostics(work, log))
+        assert alert.ranks == [1] and alert.step == 30, alert.summary
+        assert alert.details["exc_type"] == "StepFailed", alert.details
+    finally:
+        stop_process(proc)
+        steps.close()
+        reader.close()
