@@ -33,7 +33,7 @@ from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.kafka_client import faust_auth
 from rankscope.topics import Topic
-from rankscope.trace_start import START_LEAD_NS, plan_start_step
+from rankscope.trace_request import TraceRequest, control_body, plan
 from rankscope.wire import Envelope, WireError, decode
 from stream_processors.folder import ShardFolder
 from stream_processors.rebuild import open_incidents
@@ -155,12 +155,10 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
         if settings.auto_trace_steps <= 0 or now - auto_traced.get(job, -1e18) < settings.auto_trace_interval_s:
             return
         auto_traced[job] = now
-        args: dict[str, Any] = {"steps": settings.auto_trace_steps, "reason": "auto: slow rank"}
+        req = TraceRequest(job=job, steps=settings.auto_trace_steps, reason="auto: slow rank",
+                           request_id=f"auto-{job}-{int(now_s)}")
         mon = job_stage.monitors.get(job)
-        first = plan_start_step(mon.progress_rows(now_s, settings), clock.wall_ns(), START_LEAD_NS) if mon else 0
-        if first:
-            args.update(start_step=first, lead_ns=START_LEAD_NS)   # every rank starts at the same step
-        body = {"command": "trace", "request_id": f"auto-{job}-{int(now_s)}", "ranks": None, "args": args}
+        body = control_body(req, plan(req, mon.progress_rows(now_s, settings) if mon else [], clock.wall_ns()))
         log.warning("auto-trace: opening a %d-step window on job %s", settings.auto_trace_steps, job)
         await topics[Topic.CONTROL].send(key=job.encode(), value=sender.envelope("control", job, body, clock.wall_ns()))
 

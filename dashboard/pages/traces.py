@@ -47,7 +47,7 @@ def submit(cfg: Settings, job: str, ranks_text: str, steps: int, mode: str, ever
            with_stack: bool, shapes: bool, stop: bool) -> None:
     try:
         ranks = control.parse_ranks(ranks_text)
-        req = control.WindowRequest(job=job, ranks=ranks, steps=steps, mode=mode, every_s=every_s,
+        req = control.TraceRequest(job=job, ranks=ranks, steps=steps, mode=mode, every_s=every_s,
                                     every_steps=every_steps, with_stack=with_stack, with_shapes=shapes, stop=stop)
     except ValueError as e:
         st.error(f"Not sent: {e}")

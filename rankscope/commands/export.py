@@ -51,7 +51,7 @@ def resolve_window(store: object, job: str, window: str) -> str | None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from rankscope.commands.trace import parse_ranks
+    from rankscope.trace_request import parse_ranks
 
     try:
         ranks = parse_ranks(args.ranks)

@@ -9,21 +9,14 @@ ranks, or no answer in time.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
-import uuid
-from collections.abc import Iterator
-from typing import Any
 
 from rankscope.config import Settings
+from rankscope.control_io import iter_acks, latest_stats, open_replies_reader
 from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
-from rankscope.trace_start import START_LEAD_NS, plan_start_step, steps_per_period
-from rankscope.wire import Envelope, WireError, decode, encode
-
-DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
-UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+from rankscope.trace_request import TraceRequest, encode_request, parse_duration, parse_ranks, plan
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -47,148 +40,16 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(func=run)
 
 
-def parse_ranks(spec: str) -> list[int] | None:
-    """``"0-3,8"`` -> [0, 1, 2, 3, 8]; empty -> None (all ranks). Raises ValueError naming the part."""
-    if not spec.strip():
-        return None
-    out: set[int] = set()
-    for part in spec.split(","):
-        part = part.strip()
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-        if not m:
-            raise ValueError(f"bad rank range {part!r} in --ranks {spec!r}; use e.g. 0-3,8")
-        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        if hi < lo:
-            raise ValueError(f"bad rank range {part!r}: {hi} < {lo}")
-        out.update(range(lo, hi + 1))
-    return sorted(out)
-
-
-def parse_duration(spec: str) -> float:
-    m = DURATION.match(spec.strip())
-    if not m:
-        raise ValueError(f"bad duration {spec!r}; use e.g. 500ms, 30s, 10m, 1h")
-    return float(m.group(1)) * UNIT_S[m.group(2)]
-
-
-def known_ranks(settings: Settings, job: str, timeout_s: float = 5.0) -> dict[str, list[int]]:
-    """Jobs and their ranks, from the latest stats published by the processors (tail of the stats topic)."""
-    return {j: sorted(r["rank"] for r in rows) for j, rows in latest_stats(settings, timeout_s).items()}
-
-
-def latest_stats(settings: Settings, timeout_s: float = 5.0) -> dict[str, list[dict[str, Any]]]:
-    """Per job, the latest stats row of each rank (tail of the stats topic; a job's ranks arrive in
-    messages from several shards)."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-    topic = Topic.STATS.name_for(settings)
-    c = Consumer({**client_conf(settings, fatal=True), "group.id": f"rankscope-cli-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False})
-    latest: dict[str, dict[int, dict[str, Any]]] = {}
-    jobs: dict[str, list[dict[str, Any]]] = {}
-    try:
-        md = c.list_topics(topic, timeout=timeout_s)
-        parts = list(md.topics[topic].partitions) if topic in md.topics else []
-        assign = []
-        ends: dict[int, int] = {}
-        for p in parts:
-            try:
-                lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
-            except KafkaException:  # partition leader not elected yet (new topic): nothing to read there
-                continue
-            if hi > lo:
-                assign.append(TopicPartition(topic, p, max(lo, hi - 2000)))
-                ends[p] = hi
-        if not assign:
-            return jobs
-        c.assign(assign)
-        remaining = {tp.partition for tp in assign}
-        deadline = time.monotonic() + timeout_s
-        while remaining and time.monotonic() < deadline:
-            msg = c.poll(0.2)
-            if msg is None or msg.error():
-                continue
-            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                remaining.discard(msg.partition())
-            try:
-                env = decode(msg.value())
-            except WireError:
-                continue
-            rows = latest.setdefault(env.job, {})
-            for r in env.body["ranks"]:
-                if isinstance(r, dict) and isinstance(r.get("rank"), int) and \
-                        r.get("ts_ns", 0) >= rows.get(r["rank"], {}).get("ts_ns", 0):
-                    rows[r["rank"]] = r
-    finally:
-        c.close()
-    for job, rows in latest.items():
-        jobs[job] = [rows[r] for r in sorted(rows)]
-    return jobs
-
-
-def open_replies_reader(settings: Settings, group_id: str, timeout_s: float = 10.0,
-                        consumer_factory: Any = None) -> Any:
-    """A consumer at the end of every partition of the replies topic, assigned before a request goes
-    out so that no ack is missed (the CLI's and the dashboard's). Raises RuntimeError naming the fix
-    when the topic is missing (a cluster set up before it existed)."""
-    from confluent_kafka import OFFSET_END, Consumer, TopicPartition
-
-    replies = Topic.REPLIES.name_for(settings)
-    consumer = (consumer_factory or Consumer)({**client_conf(settings, fatal=True), "group.id": group_id,
-                                               "enable.auto.commit": False})
-    try:
-        meta = consumer.list_topics(replies, timeout=timeout_s).topics.get(replies)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise RuntimeError(f"the replies topic {replies} is missing at {settings.bootstrap}, so no "
-                               "acknowledgement can be read; create it with: rankscope kafka topics")
-        consumer.assign([TopicPartition(replies, p, OFFSET_END) for p in meta.partitions])
-        consumer.poll(0.5)  # take the assignment now
-    except BaseException:
-        consumer.close()
-        raise
-    return consumer
-
-
-def iter_acks(consumer: Any, request_id: str, deadline: float, job: str | None = None,
-              poll_s: float = 0.2) -> Iterator[Envelope]:
-    """The ``ack`` envelopes answering ``request_id`` (of ``job`` if given) read from ``consumer``
-    until the monotonic ``deadline``; undecodable and unrelated messages are skipped."""
-    while time.monotonic() < deadline:
-        msg = consumer.poll(poll_s)
-        if msg is None or msg.error():
-            continue
-        try:
-            env = decode(msg.value())
-        except WireError:
-            continue
-        if env.kind == "ack" and env.body.get("request_id") == request_id and (job is None or env.job == job):
-            yield env
-
-
-def build_request(args: argparse.Namespace, ranks: list[int] | None, request_id: str, job: str,
-                  first_step: int = 0, period_steps: int = 0) -> bytes:
-    """The control message; ``first_step`` > 0 makes every rank start at that step
-    (:func:`rankscope.trace_start.plan_start_step`); ``period_steps`` > 0 sends ``--every DURATION``
-    as that many steps (:func:`rankscope.trace_start.steps_per_period`), else as seconds."""
-    if args.stop:
-        command, cargs = "stop", {}
-    else:
-        cargs: dict[str, Any] = {"steps": args.steps, "with_shapes": args.shapes, "with_stack": not args.no_stack,
-                                 "byte_budget": args.byte_budget}
-        if first_step > 0:
-            cargs.update(start_step=first_step, lead_ns=START_LEAD_NS)
-        if args.every and period_steps > 0:
-            cargs["every_steps"] = period_steps
-        elif args.every:
-            cargs["every_s"] = parse_duration(args.every)
-        if args.every_steps:
-            cargs["every_steps"] = args.every_steps
-        if args.continuous:
-            cargs["continuous"] = True
-        command = "trace"
-    env = Envelope(kind="control", job=job, rank=-1, host="cli", pid=0, seq=1, sent_ns=time.time_ns(),
-                   body={"command": command, "request_id": request_id, "ranks": ranks, "args": cargs})
-    return encode(env)
+def request_from_args(args: argparse.Namespace) -> TraceRequest:
+    """The request the flags describe. Raises ValueError naming the bad flag value."""
+    if args.every_steps and args.every_steps < args.steps:
+        raise ValueError(f"--every-steps {args.every_steps} must be >= --steps {args.steps}")
+    mode = ("every_s" if args.every else "every_steps" if args.every_steps else
+            "continuous" if args.continuous else "once")
+    return TraceRequest(job=args.job, ranks=parse_ranks(args.ranks), steps=args.steps, mode=mode,
+                        every_s=parse_duration(args.every) if args.every else 0.0, every_steps=args.every_steps,
+                        with_stack=not args.no_stack, with_shapes=args.shapes, byte_budget=args.byte_budget,
+                        stop=args.stop)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -215,16 +76,11 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
     from confluent_kafka import Producer
 
     try:
-        ranks = parse_ranks(args.ranks)
-        if not 1 <= args.steps <= 10_000:
-            raise ValueError(f"--steps must be in [1, 10000], got {args.steps}")
-        if args.every:
-            parse_duration(args.every)
-        if args.every_steps and args.every_steps < args.steps:
-            raise ValueError(f"--every-steps {args.every_steps} must be >= --steps {args.steps}")
+        req = request_from_args(args)
     except ValueError as e:
         print(f"rankscope trace: {e}", file=sys.stderr)
         return 2, ""
+    ranks = req.ranks
     stats = latest_stats(settings)
     jobs = {j: sorted(r["rank"] for r in rows) for j, rows in stats.items()}
     if args.job not in jobs:
@@ -238,7 +94,7 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
             print(f"rankscope trace: job {args.job} has no rank {missing}; its ranks are {job_ranks}", file=sys.stderr)
             return 2, ""
     targets = ranks if ranks is not None else job_ranks
-    request_id = f"tw{uuid.uuid4().hex[:8]}"
+    request_id = req.request_id
     topic = Topic.CONTROL.name_for(settings)
     try:
         consumer = open_replies_reader(settings, f"rankscope-cli-{request_id}")
@@ -246,14 +102,12 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
         print(f"rankscope trace: {e}", file=sys.stderr)
         return 2, ""
     producer = Producer(client_conf(settings, fatal=True))
-    period = steps_per_period(stats[args.job], parse_duration(args.every), args.steps) if args.every else 0
-    producer.produce(topic, key=args.job.encode(),
-                     value=build_request(args, ranks, request_id, args.job,
-                                         plan_start_step(stats[args.job], time.time_ns(), START_LEAD_NS), period))
+    p = plan(req, stats[args.job], time.time_ns())
+    producer.produce(topic, key=args.job.encode(), value=encode_request(req, p))
     producer.flush(10)
     print(f"request {request_id} sent to job {args.job} ranks {targets}", flush=True)
-    if period:
-        print(f"--every {args.every} = every {period} steps at the job's current step time "
+    if p.period_steps:
+        print(f"--every {args.every} = every {p.period_steps} steps at the job's current step time "
               "(so that every rank traces the same steps)", flush=True)
     status: dict[int, str] = {}
     done: set[int] = set()

@@ -51,7 +51,7 @@ def test_request_window_round_trip(fresh_topics):
     t = threading.Thread(target=_fake_ranks, args=(fresh_topics, [0, 1], ready, seen), daemon=True)
     t.start()
     assert ready.wait(30)
-    req = control.WindowRequest(job="job-k", ranks=[0, 1], steps=4, mode="every_s", every_s=30)
+    req = control.TraceRequest(job="job-k", ranks=[0, 1], steps=4, mode="every_s", every_s=30)
     t0 = time.monotonic()
     acks = control.request_window(fresh_topics, req, wait_s=15, expect_ranks=[0, 1])
     assert time.monotonic() - t0 < 14  # returned once both ranks answered
@@ -62,7 +62,7 @@ def test_request_window_round_trip(fresh_topics):
 
 
 def test_request_window_without_answers_waits_and_returns_nothing(fresh_topics):
-    req = control.WindowRequest(job="nobody-home", stop=True)
+    req = control.TraceRequest(job="nobody-home", stop=True)
     t0 = time.monotonic()
     assert control.request_window(fresh_topics, req, wait_s=1.5) == []
     assert 1.4 < time.monotonic() - t0 < 15

@@ -12,6 +12,7 @@ from pagetest import open_page, page_text
 from dashboard import control, export, flame
 from dashboard import queries as q
 from producers.control import parse_trace_request
+from rankscope.trace_request import encode_request
 from rankscope.wire import decode
 
 S, MS = sd.S, sd.MS
@@ -163,20 +164,20 @@ def test_flame_from_sample_window_mixes_both_name_styles(store):
 # control messages ------------------------------------------------------------------------------------------
 
 def test_window_request_encodes_like_the_cli():
-    req = control.WindowRequest(job="j", ranks=[0, 1, 2, 3], steps=5, mode="every_steps", every_steps=100,
+    req = control.TraceRequest(job="j", ranks=[0, 1, 2, 3], steps=5, mode="every_steps", every_steps=100,
                                 with_shapes=True, request_id="tw12345678")
-    env = decode(control.encode(req))
+    env = decode(encode_request(req))
     assert env.kind == "control" and env.job == "j" and env.rank == -1
     assert env.body == {"command": "trace", "request_id": "tw12345678", "ranks": [0, 1, 2, 3],
                         "args": {"steps": 5, "with_shapes": True, "with_stack": True, "byte_budget": 0,
                                  "every_steps": 100}}
     parsed = parse_trace_request("tw12345678", env.body["args"], env.body["ranks"], env.sent_ns)  # the rank's parser
     assert parsed.every_steps == 100 and parsed.repeating
-    every = decode(control.encode(control.WindowRequest(job="j", mode="every_s", every_s=30))).body
+    every = decode(encode_request(control.TraceRequest(job="j", mode="every_s", every_s=30))).body
     assert every["args"]["every_s"] == 30.0 and every["ranks"] is None
-    cont = decode(control.encode(control.WindowRequest(job="j", mode="continuous"))).body["args"]
+    cont = decode(encode_request(control.TraceRequest(job="j", mode="continuous"))).body["args"]
     assert cont["continuous"] is True
-    stop = decode(control.encode(control.WindowRequest(job="j", ranks=[2], stop=True))).body
+    stop = decode(encode_request(control.TraceRequest(job="j", ranks=[2], stop=True))).body
     assert stop["command"] == "stop" and stop["args"] == {} and stop["ranks"] == [2]
 
 
@@ -190,7 +191,7 @@ def test_window_request_encodes_like_the_cli():
 ])
 def test_window_request_validation(kw, msg):
     with pytest.raises(ValueError, match=msg):
-        control.WindowRequest(**{"job": "j", **kw})
+        control.TraceRequest(**{"job": "j", **kw})
 
 
 def test_parse_ranks_is_the_cli_one():

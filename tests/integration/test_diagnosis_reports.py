@@ -42,7 +42,7 @@ def processors(kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactor
 
 
 def traced_report(settings: Settings, work: Path, job: str, *job_args: str) -> dict:
-    from rankscope.commands.trace import known_ranks
+    from rankscope.control_io import known_ranks
 
     log = work / f"{job}.log"
     proc = start_job(settings, job, log, "--steps", "100000", *job_args)

@@ -70,7 +70,7 @@ def rankscope(settings: Settings, *args: str, timeout: float = 300) -> subproces
 
 
 def job_known(settings: Settings, job: str) -> bool:
-    from rankscope.commands.trace import known_ranks
+    from rankscope.control_io import known_ranks
 
     return known_ranks(settings, job).get(job) == [0, 1]
 

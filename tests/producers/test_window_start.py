@@ -122,16 +122,13 @@ def test_a_period_in_time_becomes_a_period_in_steps() -> None:
 
 
 def test_the_cli_sends_a_time_period_as_steps_when_it_can() -> None:
-    import argparse
-
-    from rankscope.commands.trace import build_request
+    from rankscope.trace_request import Plan, TraceRequest, encode_request
     from rankscope.wire import decode
 
-    args = argparse.Namespace(stop=False, steps=3, shapes=False, no_stack=False, byte_budget=0, every="10m",
-                              every_steps=0, continuous=False)
-    body = decode(build_request(args, None, "r", "job", first_step=50, period_steps=40_000)).body
+    req = TraceRequest(job="job", mode="every_s", every_s=600.0, request_id="r")
+    body = decode(encode_request(req, Plan(start_step=50, period_steps=40_000))).body
     assert body["args"]["every_steps"] == 40_000 and "every_s" not in body["args"]
-    body = decode(build_request(args, None, "r", "job")).body     # no step time known: by the clock
+    body = decode(encode_request(req)).body     # no step time known: by the clock
     assert body["args"]["every_s"] == 600.0 and "every_steps" not in body["args"]
 
 

@@ -1,0 +1,88 @@
+"""The import layering, enforced: the protocol and shared rules (the ground layer, rankscope/) import
+none of the runtimes; producers, processors, sink and dashboard import the ground layer and not
+each other; nothing imports the CLI except its own entry points.
+
+Every import counts, also the ones inside functions (they are how optional parts load lazily).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RUNTIMES = ("producers", "stream_processors", "storage", "dashboard")
+CLI = ("rankscope.cli", "rankscope.commands", "rankscope.__main__")
+
+# package -> the packages it may import besides itself and the ground layer
+MAY_IMPORT = {
+    "producers": set(),
+    "stream_processors": set(),
+    "storage": set(),
+    "dashboard": {"storage"},          # the pages read the store
+    "rankscope": set(),                # the ground layer
+}
+# Named exceptions, each with its reason.
+ALLOWED = {
+    ("rankscope/__init__.py", "producers"): "the public facade: `from rankscope import Tracer` loads it lazily",
+    ("storage/serve.py", "dashboard"): "serve is the dashboard's entry point (it starts the Streamlit app)",
+}
+
+
+def layer(module: str) -> str:
+    top = module.split(".")[0]
+    if module == "rankscope" or module.startswith("rankscope."):
+        return "cli" if module.startswith(CLI) else ("demo" if module.startswith("rankscope.demo") else "rankscope")
+    return top
+
+
+def imports(path: Path) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append(node.module)
+    return out
+
+
+def source_files() -> list[tuple[str, Path]]:
+    files = []
+    for pkg in (*RUNTIMES, "rankscope"):
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            module = rel[:-3].replace("/", ".").removesuffix(".__init__")
+            files.append((module, path))
+    return files
+
+
+def violations() -> list[str]:
+    bad = []
+    for module, path in source_files():
+        src = layer(module)
+        if src in ("cli", "demo"):
+            continue                          # entry points and the example job may import anything
+        rel = path.relative_to(REPO).as_posix()
+        for name in imports(path):
+            dst = layer(name)
+            if dst not in (*RUNTIMES, "rankscope", "cli", "demo") or dst == src or dst == "rankscope":
+                continue
+            if (rel, dst) in ALLOWED:
+                continue
+            if dst == "cli" or dst not in MAY_IMPORT[src]:
+                bad.append(f"{rel} imports {name} ({src} -> {dst})")
+    return bad
+
+
+def test_the_layers_import_only_downwards():
+    assert violations() == []
+
+
+def test_the_check_sees_a_violation(tmp_path, monkeypatch):
+    """The scan itself: an import of the CLI from a runtime is found, also inside a function."""
+    fake = tmp_path / "stream_processors"
+    fake.mkdir()
+    (fake / "bad.py").write_text("def f():\n    from rankscope.commands.trace import run\n")
+    (fake / "ok.py").write_text("from rankscope.wire import decode\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["REPO"]), "REPO", tmp_path)
+    assert violations() == ["stream_processors/bad.py imports rankscope.commands.trace (stream_processors -> cli)"]

@@ -1,0 +1,107 @@
+"""One trace command for every sender: the CLI and the dashboard send the same control message
+(same bounds, same start step, same period) for the same request and the same job progress."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+
+from dashboard import control
+from rankscope.commands.trace import request_from_args
+from rankscope.config import Settings
+from rankscope.topics import Topic
+from rankscope.trace_request import Plan, TraceRequest, control_body, encode_request, plan
+from rankscope.trace_start import START_LEAD_NS
+from rankscope.wire import Envelope, decode, encode
+from tests.integration.helpers import REPO, TopicReader, child_env, wait_until
+
+STEP_NS = 100 * 10**9    # a slow step time: a few seconds between the two senders change no plan
+
+
+def cli_args(**kw) -> argparse.Namespace:
+    base = {"job": "j", "ranks": "", "steps": 3, "every": "", "every_steps": 0, "continuous": False, "stop": False,
+            "shapes": False, "no_stack": False, "byte_budget": 0}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def progress(now_ns: int, ranks: int = 4) -> list[dict]:
+    return [{"rank": r, "step": 100 + r, "ts_ns": now_ns, "median_step_ns": STEP_NS} for r in range(ranks)]
+
+
+@pytest.mark.parametrize("flags, request_kw", [
+    ({}, {}),
+    ({"every": "10m", "ranks": "0-1,3"}, {"mode": "every_s", "every_s": 600.0, "ranks": [0, 1, 3]}),
+    ({"every_steps": 50, "steps": 5}, {"mode": "every_steps", "every_steps": 50, "steps": 5}),
+    ({"continuous": True, "shapes": True, "no_stack": True}, {"mode": "continuous", "with_shapes": True,
+                                                              "with_stack": False}),
+    ({"stop": True, "ranks": "2"}, {"stop": True, "ranks": [2]}),
+])
+def test_cli_flags_and_dashboard_fields_make_the_same_message(flags, request_kw):
+    now = time.time_ns()
+    cli = request_from_args(cli_args(**flags))
+    dash = TraceRequest(job="j", request_id=cli.request_id, **request_kw)
+    assert cli == dash
+    assert encode_request(cli, plan(cli, progress(now), now), now_ns=now) == \
+        encode_request(dash, plan(dash, progress(now), now), now_ns=now)
+
+
+def test_plan_starts_every_rank_at_one_step_and_turns_a_time_period_into_steps():
+    now = time.time_ns()
+    req = TraceRequest(job="j", mode="every_s", every_s=600.0)
+    p = plan(req, progress(now), now)
+    assert p == Plan(start_step=103 + 1 + 2, period_steps=6)   # furthest rank + 1 + margin; 600 s / 100 s
+    args = control_body(req, p)["args"]
+    assert args["start_step"] == 106 and args["lead_ns"] == START_LEAD_NS and args["every_steps"] == 6
+    assert "every_s" not in args
+    assert plan(req, [], now) == Plan() and control_body(req, Plan())["args"]["every_s"] == 600.0
+    assert plan(TraceRequest(job="j", stop=True), progress(now), now) == Plan()
+
+
+@pytest.mark.parametrize("flags, msg", [
+    ({"steps": 0}, "steps must be in"),
+    ({"every_steps": 2, "steps": 5}, "must be >= --steps"),
+    ({"every": "soon"}, "bad duration"),
+    ({"ranks": "3-x"}, "bad rank range"),
+])
+def test_bad_flags_are_refused_with_the_shared_bounds(flags, msg):
+    with pytest.raises(ValueError, match=msg):
+        request_from_args(cli_args(**flags))
+
+
+@pytest.mark.kafka
+def test_dashboard_and_cli_send_the_same_trace_command_to_a_running_job(fresh_topics: Settings) -> None:
+    job = f"same-{uuid.uuid4().hex[:6]}"
+    now = time.time_ns()
+    rows = [{"rank": r["rank"], "ts_ns": r["ts_ns"], "step": r["step"], "window_steps": 20,
+             "median_step_ns": r["median_step_ns"], "p95_step_ns": r["median_step_ns"], "median_busy_ns": 1,
+             "median_comm_ns": 1, "busy_z": 0.0, "state": "running"} for r in progress(now)]
+    producer = Producer({"bootstrap.servers": fresh_topics.bootstrap})
+    producer.produce(Topic.STATS.name_for(fresh_topics), key=job.encode(),
+                     value=encode(Envelope("stats", job, -1, "proc", 1, 1, now, {"ranks": rows})))
+    assert producer.flush(10) == 0
+    control_reader = TopicReader(fresh_topics, Topic.CONTROL)
+    try:
+        cli = subprocess.run([sys.executable, "-m", "rankscope", "trace", "--job", job, "--steps", "3",
+                              "--every", "10m", "--timeout", "1"], env=child_env(fresh_topics), cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+        assert "sent to job" in cli.stdout, cli.stdout + cli.stderr          # no rank answers: rc 2 after 1 s
+        control.request_window(fresh_topics, control.TraceRequest(job=job, steps=3, mode="every_s", every_s=600),
+                               wait_s=1)
+
+        def both_sent() -> list[Envelope]:
+            control_reader.poll(0.5)
+            sent = [e for e in map(decode, control_reader.values) if e.job == job]
+            return sent if len(sent) == 2 else []
+        cli_msg, dash_msg = wait_until(both_sent, 60, "both control messages")
+        assert (cli_msg.host, dash_msg.host) == ("cli", "dashboard")
+        assert cli_msg.body["args"] == dash_msg.body["args"]
+        assert cli_msg.body["args"]["start_step"] == 106 and cli_msg.body["args"]["every_steps"] == 6
+        assert cli_msg.body["ranks"] == dash_msg.body["ranks"] is None
+    finally:
+        control_reader.close()
