@@ -238,3 +238,28 @@ def test_startup_before_the_first_step_is_not_a_step_nor_a_stall() -> None:
     ends = [e for m in beats for e in m.body["end_ns"]]
     assert [s for m in beats for s in m.body["step"]] == [1]
     assert ends[0] - starts[0] == 500_000_000
+
+
+def _python(code: str, env: dict[str, str]) -> str:
+    import os
+    import subprocess
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_") and k not in ("RANK", "PYTHONPATH")}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_the_boot_hook_attaches_a_rank_only_and_runs_the_sitecustomize_it_hides(tmp_path: Path) -> None:
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text("import os\nos.environ['HIDDEN_SITECUSTOMIZE_RAN'] = '1'\n")
+    env = {**attach_env({"PYTHONPATH": str(hidden)}), "RANKSCOPE_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+           "RANKSCOPE_CONTROL_ENABLED": "false", "RANKSCOPE_HW_SAMPLE_S": "0", "RANKSCOPE_FLUSH_TIMEOUT_S": "0.5"}
+    probe = ("import os, sys, producers.attach as a; t = a._attached.get('tracer'); "
+             "print(os.environ.get('HIDDEN_SITECUSTOMIZE_RAN'), t is not None, "
+             "os.environ.get('RANKSCOPE_ATTACHED_PID') == str(os.getpid()), 'torch' in sys.modules)")
+    assert _python(probe, {**env, "RANK": "0", "WORLD_SIZE": "1"}) == "1 True True True"
+    assert _python(probe, env) == "1 False False False"                       # a launcher: no RANK
+    assert _python(probe, {**env, "RANK": "0", "RANKSCOPE_ATTACHED_PID": "1"}) == "1 False False False"
+    assert _python(probe, {**env, "RANK": "0", "RANKSCOPE_ATTACH": "0"}) == "1 False False False"
