@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rankscope.torch_check import check_torch
+
 log = logging.getLogger("rankscope.collectives")
 
 COLLECTIVE_NAMES = (
@@ -76,6 +78,7 @@ def install(timer: CommTimer) -> bool:
         import torch.distributed as dist
     except Exception:
         return False
+    check_torch()
     if not dist.is_available():
         return False
     for name in COLLECTIVE_NAMES:

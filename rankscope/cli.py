@@ -11,6 +11,7 @@ import pkgutil
 import sys
 
 from rankscope.config import ConfigError, Settings
+from rankscope.extras import MissingExtra, extra_for
 from rankscope.kafka_client import KafkaAuthError
 
 
@@ -66,6 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KafkaAuthError:
         return 1  # the client's error callback logged the one clear message
+    except MissingExtra as e:
+        print(f"rankscope: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        extra = extra_for(e.name)
+        if extra is None:
+            raise
+        print(f"rankscope: error: {e.name} is not installed: pip install 'rankscope[{extra}]'", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     return int(rc or 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rankscope import extras
 from rankscope.config import Settings
 
 
@@ -28,6 +29,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    extras.require("rankscope serve", "dashboard", *extras.store_extras(settings.embedded_store))
     from storage.serve import serve
     from storage.store import StoreError
 
@@ -39,6 +41,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_sink(args: argparse.Namespace, settings: Settings) -> int:
+    extras.require("rankscope sink", *extras.store_extras(settings.embedded_store))
     from storage.serve import run_sink
     from storage.store import StoreError
 

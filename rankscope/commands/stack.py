@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from rankscope import services, supervisor
+from rankscope import extras, services, supervisor
 from rankscope.config import Settings
 
 SERVICES = ("processors", "serve")
@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def up(args: argparse.Namespace, settings: Settings) -> int:
+    extras.require("rankscope up", "processors", "dashboard", *extras.store_extras(settings.embedded_store))
     from rankscope.admin import ensure_topics
     from rankscope.broker import ensure_broker
 
@@ -130,6 +131,7 @@ def supervise(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def processors(args: argparse.Namespace, settings: Settings) -> int:
+    extras.require("rankscope processors", "processors")
     from rankscope.admin import ensure_topics
     from stream_processors.app import run_worker
 
