@@ -13,9 +13,9 @@ import importlib.util
 # extra -> the import names it provides (what its modules import at the top).
 EXTRAS: dict[str, tuple[str, ...]] = {
     "gpu": ("pynvml",),
-    "processors": ("faust", "aiokafka", "msgspec", "pandas"),
-    "sink": ("clickhouse_connect", "pandas", "pyarrow"),
-    "dashboard": ("streamlit", "altair", "clickhouse_connect", "pandas", "pyarrow"),
+    "processors": ("faust", "aiokafka", "msgspec", "pandas", "prometheus_client"),
+    "sink": ("clickhouse_connect", "pandas", "pyarrow", "prometheus_client"),
+    "dashboard": ("streamlit", "altair", "clickhouse_connect", "pandas", "pyarrow", "prometheus_client"),
     "embedded": ("chdb",),
 }
 
