@@ -8,11 +8,13 @@ environment after start-up.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 
 class ConfigError(ValueError):
@@ -29,6 +31,9 @@ def _default_cache_dir() -> str:
 
 
 PRODUCER_COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+LOG_FORMATS = ("text", "json")
+# Set by the supervisor for each child: how many times it restarted that service before. Not a setting.
+RESTARTS_ENV = "RANKSCOPE_RESTARTS"
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,9 @@ class Settings:
     # Dashboard / serve process.
     dashboard_port: int = 8501
     dashboard_refresh_s: float = 2.0
+    # Address the dashboard binds. Any non-loopback address requires dashboard_password.
+    dashboard_host: str = "127.0.0.1"
+    dashboard_password: str = field(default="", repr=False)
     # Sink.
     sink_batch_rows: int = 50000
     sink_batch_s: float = 1.0
@@ -81,6 +89,9 @@ class Settings:
     straggler_z: float = 4.0
     straggler_min_rel: float = 0.25
     straggler_persist: int = 3
+    straggler_min_s: float = 10.0        # the slow-rank rule judges the last >= this many seconds ...
+    straggler_min_slow_steps: int = 20   # ... and >= this many steps of the job
+    straggler_cost_gate: float = 0.05    # a slow rank is alerted when it costs this share of the job's time
     report_deadline_s: float = 30.0
     rebuild_horizon_s: float = 60.0  # a worker taking a partition rebuilds its ranks from this much recent input
     incident_horizon_s: float = 86400.0  # ... and takes back open incidents published this recently
@@ -108,6 +119,12 @@ class Settings:
     attach: bool = False         # set by `rankscope run`: each rank (RANK set) makes a tracer at start-up
     step_marker: str = ""        # attach: "module:function" whose calls end a step; empty = optimizer steps
     log_level: str = "INFO"
+    log_format: str = "text"  # text, or json: one JSON object per line (ts, level, logger, message, service)
+    # Prometheus /metrics of each service, on metrics_host; 0 = off.
+    metrics_host: str = "127.0.0.1"
+    metrics_port_processors: int = 9470
+    metrics_port_sink: int = 9471
+    metrics_port_serve: int = 9472
 
     def __post_init__(self) -> None:
         positive = [
@@ -133,6 +150,16 @@ class Settings:
                               f"'mypkg.loop:Trainer.step'), got {self.step_marker!r}")
         if self.hw_sample_s < 0:
             raise ConfigError(f"hw_sample_s must be >= 0 (0 = off), got {self.hw_sample_s!r}")
+        if self.straggler_min_s < 0 or self.straggler_min_slow_steps < 2:
+            raise ConfigError(f"straggler_min_s must be >= 0 and straggler_min_slow_steps >= 2, got "
+                              f"{self.straggler_min_s!r} and {self.straggler_min_slow_steps!r}")
+        if not 0 <= self.straggler_cost_gate < 1:
+            raise ConfigError(f"straggler_cost_gate must be in [0, 1), got {self.straggler_cost_gate!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
+        for name in ("metrics_port_processors", "metrics_port_sink", "metrics_port_serve"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ConfigError(f"{name} must be in [0, 65535] (0 = off), got {getattr(self, name)!r}")
         if not 0 <= self.straggler_min_rel < 10:
             raise ConfigError(f"straggler_min_rel must be in [0, 10), got {self.straggler_min_rel!r}")
         if self.clickhouse_dsn and not self.clickhouse_dsn.startswith(("chdb://", "http://", "https://")):
@@ -159,7 +186,13 @@ class Settings:
 
     @property
     def store_dsn(self) -> str:
-        return self.clickhouse_dsn or f"chdb://{Path(self.data_dir).resolve() / 'clickhouse'}"
+        """The store's DSN; a server DSN has clickhouse_user, _password, _ca_file and _verify folded in,
+        so it may hold the password (show ``store_dsn_redacted``)."""
+        dsn = self.clickhouse_dsn or f"chdb://{Path(self.data_dir).resolve() / 'clickhouse'}"
+        if not dsn.startswith(("http://", "https://")):
+            return dsn
+        return server_dsn(dsn, self.clickhouse_user, self.clickhouse_password, self.clickhouse_ca_file,
+                          self.clickhouse_verify)
 
     @property
     def store_dsn_redacted(self) -> str:
@@ -198,10 +231,42 @@ class Settings:
         return [f"RANKSCOPE_{f.name.upper()}" for f in fields(cls)]
 
 
+def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """A warning for each ``RANKSCOPE_*`` variable of ``env`` (default ``os.environ``) that names no
+    setting, with the closest setting's variable when one is close (difflib). Sorted by name."""
+    env = os.environ if env is None else env
+    known = set(Settings.env_names())
+    out = []
+    for key in sorted(k for k in env if k.startswith("RANKSCOPE_") and k not in known and k != RESTARTS_ENV):
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        out.append(f"{key} is not a rankscope setting and is ignored{hint}")
+    return out
+
+
 def _is_marker(spec: str) -> bool:
     module, sep, func = spec.partition(":")
     return bool(sep) and all(p.isidentifier() for p in module.split(".")) and \
         all(p.isidentifier() for p in func.split("."))
+
+
+def server_dsn(dsn: str, user: str = "", password: str = "", ca_file: str = "", verify: bool = True) -> str:
+    """``dsn`` (http or https) with a user, password, CA file or ``verify=false`` that settings give,
+    which replace those in the DSN; unchanged when the settings give none."""
+    if not (user or password or ca_file or not verify):
+        return dsn
+    u = urlsplit(dsn)
+    name = user or unquote(u.username or "")
+    secret = password or unquote(u.password or "")
+    auth = quote(name, safe="") + (":" + quote(secret, safe="") if secret else "") + "@" if name or secret else ""
+    host = u.hostname or ""
+    netloc = auth + (f"[{host}]" if ":" in host else host) + (f":{u.port}" if u.port else "")
+    query = dict(parse_qsl(u.query))
+    if ca_file:
+        query["ca_cert"] = ca_file
+    if not verify:
+        query["verify"] = "false"
+    return urlunsplit((u.scheme, netloc, u.path, urlencode(query), u.fragment))
 
 
 def redact_dsn(dsn: str) -> str:

@@ -15,11 +15,10 @@ Rules (see README "Detection rules"):
   stack is not waiting in a collective; identical stacks are grouped across ranks; a partial stall
   names its stalled ranks that are not waiting in a collective, and when all of them wait, the
   alert waits a grace period (5 heartbeats, >= 5 s) for the rank they wait for to cross too;
-- slow rank: median busy time (step time minus collective wait) over the last straggler_window
-  steps against the other ranks' median and MAD (robust z; exact leave-one-out when every rank is
-  in the summaries, histograms otherwise) and a relative floor; evaluated once the job's lowest
-  step advanced straggler_window/4 steps, flagged for straggler_persist evaluations in a row before
-  alerting. Needs at least 3 ranks.
+- slow rank (stream_processors/slow_rule.py): the rank that arrives last at the steps' collectives
+  in most of the last straggler_min_s seconds and straggler_min_slow_steps steps; alerted when its
+  lead over the second-to-last costs at least straggler_cost_gate of the job's time, for
+  straggler_persist evaluations in a row (and as many to leave). Needs at least 3 ranks.
 While a shard that holds ranks of the job has not reported for ``stale_s`` (its worker died and
 the partition is moving), the rules wait instead of judging a job they see only in part.
 """
@@ -36,8 +35,11 @@ from rankscope.config import Settings
 from stream_processors import failures
 from stream_processors.job_view import MAX_GROUP_RANKS, JobView
 from stream_processors.rank_state import CRASH_REASONS
+from stream_processors.slow_rule import SlowRule, slow_ranks
 from stream_processors.stacks import waiting_in_collective
-from stream_processors.summary import Row, ShardSummary, hist_mad, hist_quantile
+from stream_processors.summary import Row, ShardSummary, hist_quantile
+
+__all__ = ["JobMonitor", "slow_ranks", "stale_after_s"]
 
 MAX_ALERT_RANKS = 256
 MAX_DETAIL_RANKS = 64
@@ -53,18 +55,16 @@ class JobMonitor:
     job: str
     shards: dict[int, ShardSummary] = field(default_factory=dict)
     incidents: dict[str, dict[str, Any]] = field(default_factory=dict)  # kind -> Alert as dict
-    last_eval_min_step: int = -1
-    lost_rank_seconds: float = 0.0
     incident_count: int = 0
     waiters_stalled_since_s: float = -1.0
-    slow_evals: dict[int, int] = field(default_factory=dict)
-    ok_evals: dict[int, int] = field(default_factory=dict)
-    busy_z: dict[int, float] = field(default_factory=dict)
+    slow: SlowRule = field(default_factory=SlowRule)
     retired: bool = False       # a shard said the job went idle there
 
     # Input -------------------------------------------------------------------------------------
     def add_summary(self, summary: ShardSummary) -> None:
-        """Keep a shard's latest summary (an older one arriving late is ignored)."""
+        """Keep a shard's latest summary (an older one arriving late is ignored; its steps' arrivals
+        still count). Raises WireError when its arrival rows are malformed."""
+        self.slow.add(summary)
         cur = self.shards.get(summary.shard)
         if cur is not None and cur.ts_ns > summary.ts_ns:
             return
@@ -85,7 +85,7 @@ class JobMonitor:
         self.incidents[alert.kind] = d
         self.incident_count = max(self.incident_count, 1)
         if alert.kind == "slow_rank":
-            self.lost_rank_seconds = max(self.lost_rank_seconds, alert.lost_rank_seconds)
+            self.slow.lost_rank_seconds = max(self.slow.lost_rank_seconds, alert.lost_rank_seconds)
 
     # Derived ----------------------------------------------------------------------------------
     def view(self, now_s: float, settings: Settings) -> JobView | None:
@@ -145,7 +145,8 @@ class JobMonitor:
         return view.world_size if view else 0
 
     def rank_states(self, now_s: float, settings: Settings) -> dict[int, str]:
-        """The state of every rank with a row: exited, dead, hung, waiting, slow or running."""
+        """The state of every rank with a row: exited, dead, hung, waiting, slow or running. Slow: named
+        by the slow-rank incident, or slow but costing less than the gate (:attr:`SlowRule.watch`)."""
         view = self.view(now_s, settings)
         if view is None:
             return {}
@@ -163,7 +164,7 @@ class JobMonitor:
                 states[r.rank] = "hung"
             elif view.age(r, now_s) > thr:
                 states[r.rank] = "waiting"
-            elif slow and r.rank in slow["ranks"]:
+            elif (slow and r.rank in slow["ranks"]) or r.rank in self.slow.watch:
                 states[r.rank] = "slow"
             else:
                 states[r.rank] = "running"
@@ -180,7 +181,7 @@ class JobMonitor:
         dead = self.dead_ranks(view, now_s, settings)
         out = self._hang_rule(view, now_s, settings, set(dead))
         out += self._dead_rule(view, now_s, dead)
-        out += self._slow_rule(view, now_s, settings, set(dead))
+        out += self.slow.evaluate(self, view, now_s, settings, set(dead))
         out += self._failure_rule(view, now_s, settings)
         return out
 
@@ -307,83 +308,6 @@ class JobMonitor:
                    "host": first.host, "pid": first.pid}
         return self._open_or_update("dead_rank", now_s, [first.rank], first.last_step, summary, "critical", [], details)
 
-    def _busy_medians(self, view: JobView, now_s: float, settings: Settings, dead: set[int]) -> dict[int, float]:
-        """Median busy time of the ranks that step. Left out: exited and dead ranks, and ranks stalled
-        past the hang threshold other than in a collective (a rank stopped by its peers' hang is
-        still as slow as it was; one stopped by itself is not a straggler)."""
-        thr = self.hang_threshold_s(view, settings)
-        return {r.rank: float(r.busy_med_ns) for r in view.rows.values()
-                if not r.exit_reason and r.rank not in dead and r.window_steps >= settings.straggler_min_steps
-                and (r.waiting == 1 or view.age(r, now_s) <= thr)}
-
-    def _slow_rule(self, view: JobView, now_s: float, settings: Settings, dead: set[int]) -> list[Alert]:
-        if view.min_step < 0:
-            return []
-        cur = self.incidents.get("slow_rank")
-        if cur is not None:
-            # A slow rank that stops stepping (hung, dead, exited) leaves the incident at once.
-            stepping = self._busy_medians(view, now_s, settings, dead)
-            gone = [r for r in cur["ranks"] if r in view.rows and r not in stepping]
-            if gone:
-                for r in gone:
-                    self.slow_evals.pop(r, None)
-                    self.ok_evals.pop(r, None)
-                remaining = [r for r in cur["ranks"] if r not in gone]
-                why = f"rank{'s' if len(gone) > 1 else ''} {','.join(map(str, gone))} stopped stepping"
-                if not remaining:
-                    return self._resolve("slow_rank", now_s, why)
-                return self._open_or_update("slow_rank", now_s, remaining, cur["step"], f"{cur['summary']} ({why})",
-                                            "warning", [], {**cur["details"], "left": gone}, lost=self.lost_rank_seconds)
-        min_step = view.min_step
-        if min_step < self.last_eval_min_step + max(1, settings.straggler_window // 4):
-            return []
-        new_steps = min_step - self.last_eval_min_step if self.last_eval_min_step >= 0 else 0
-        self.last_eval_min_step = min_step
-        medians = self._busy_medians(view, now_s, settings, dead)
-        n_busy = len(medians) if view.exact else sum(view.busy_hist.values())
-        if n_busy < 3:
-            return []
-        if view.exact:
-            flagged = slow_ranks(medians, settings.straggler_z, settings.straggler_min_rel)
-            base = statistics.median(medians.values())
-        else:
-            base = hist_quantile(view.busy_hist, 0.5)
-            scale = max(1.4826 * hist_mad(view.busy_hist, base), 0.05 * base, 1000.0)
-            flagged = {r: ((v - base) / scale, (v - base) / scale > settings.straggler_z
-                           and v > base * (1 + settings.straggler_min_rel)) for r, v in medians.items()}
-        open_ranks = set(self.incidents.get("slow_rank", {}).get("ranks", []))
-        for r in set(self.slow_evals) | set(flagged):
-            z, is_slow = flagged.get(r, (0.0, False))
-            self.busy_z[r] = z
-            self.slow_evals[r] = self.slow_evals.get(r, 0) + 1 if is_slow else 0
-            self.ok_evals[r] = 0 if is_slow else self.ok_evals.get(r, 0) + 1
-        # Hysteresis: a rank joins after straggler_persist flagged evaluations in a row and leaves
-        # after as many unflagged ones, or at once when it stops stepping or exits.
-        slow = sorted(r for r in self.slow_evals if r in medians and (
-            self.slow_evals[r] >= settings.straggler_persist
-            or (r in open_ranks and self.ok_evals.get(r, 0) < settings.straggler_persist)))
-        for r in [r for r in self.slow_evals if self.slow_evals[r] == 0 and r not in slow]:
-            self.slow_evals.pop(r)
-            self.ok_evals.pop(r, None)
-            self.busy_z.pop(r, None)
-        if not slow:
-            return self._resolve("slow_rank", now_s, "no rank slower than its peers")
-        excess_ns = sum(max(0.0, medians[r] - base) for r in slow)
-        world = max(view.world_size, view.ranks)
-        self.lost_rank_seconds += excess_ns * world * new_steps / 1e9
-        shown = sorted(medians, key=lambda r: -medians[r])[:MAX_DETAIL_RANKS]
-        details = {"median_busy_ms": {str(r): round(medians[r] / 1e6, 3) for r in sorted(shown)},
-                   "baseline_busy_ms": round(base / 1e6, 3),
-                   "busy_z": {str(r): round(self.busy_z.get(r, 0.0), 2) for r in slow[:MAX_DETAIL_RANKS]},
-                   "lost_rank_seconds_per_step": round(excess_ns * world / 1e9, 6),
-                   "evidence": "busy time = step time minus time blocked in collectives"}
-        worst = max(slow, key=lambda r: medians[r])
-        summary = (f"job {self.job}: rank{'s' if len(slow) > 1 else ''} {','.join(map(str, slow[:16]))} slow: "
-                   f"busy {medians[worst] / 1e6:.1f} ms/step vs {base / 1e6:.1f} ms median of peers "
-                   f"({medians[worst] / base if base else float('inf'):.1f}x)")
-        return self._open_or_update("slow_rank", now_s, slow[:MAX_ALERT_RANKS], min_step, summary, "warning", [],
-                                    details, lost=self.lost_rank_seconds)
-
     # Incident lifecycle -------------------------------------------------------------------------
     def _open_or_update(self, kind: str, now_s: float, ranks: list[int], step: int, summary: str,
                         severity: str, groups: list[StackGroup], details: dict[str, Any],
@@ -429,39 +353,3 @@ def _change_key(alert: Alert) -> str:
     if alert.kind == "rank_failed":
         return repr((tuple(alert.ranks), alert.details.get("follower_count", 0)))
     return repr((tuple(alert.ranks),))
-
-
-def slow_ranks(medians: dict[int, float], z_min: float, min_rel: float) -> dict[int, tuple[float, bool]]:
-    """Each rank's robust z against its peers, and whether it is flagged: ``(z, flagged)`` per rank.
-
-    The baseline of a rank is the median of the *other* ranks, and the scale 1.4826 x their MAD
-    (floored at 5% of that median): a slow rank must not move its own baseline, or in a small job
-    it hides inside the spread it causes. Flagged: z > ``z_min`` and more than ``min_rel`` above
-    the baseline. O(n log n): removing one value moves a sorted list's median by at most one place."""
-    order = sorted(medians, key=lambda r: medians[r])
-    vals = [medians[r] for r in order]
-    if len(vals) < 2:
-        return {r: (0.0, False) for r in order}
-    out: dict[int, tuple[float, bool]] = {}
-    deviations: dict[float, tuple[list[float], dict[int, int]]] = {}   # per baseline: sorted |v - base|, places
-    for p, r in enumerate(order):
-        base = _median_without(vals, p)
-        if base not in deviations:        # at most 3 distinct baselines
-            devs = sorted((abs(v - base), i) for i, v in enumerate(vals))
-            deviations[base] = ([d for d, _ in devs], {i: k for k, (_, i) in enumerate(devs)})
-        devs_sorted, place = deviations[base]
-        mad = _median_without(devs_sorted, place[p])
-        scale = max(1.4826 * mad, 0.05 * base, 1000.0)
-        z = (vals[p] - base) / scale
-        out[r] = (z, z > z_min and vals[p] > base * (1 + min_rel))
-    return out
-
-
-def _median_without(sorted_vals: list[float], pos: int) -> float:
-    """Median of ``sorted_vals`` (at least 2) without the value at ``pos``."""
-    m = len(sorted_vals) - 1
-
-    def at(k: int) -> float:
-        return sorted_vals[k] if k < pos else sorted_vals[k + 1]
-
-    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2

@@ -14,6 +14,7 @@ from typing import Any
 
 from rankscope.config import Settings
 from rankscope.wire import Envelope
+from stream_processors.arrivals import ShardArrivals
 from stream_processors.rank_state import RankState, fold
 from stream_processors.stacks import main_stack, signature, waiting_in_collective
 from stream_processors.summary import MAX_SUMMARY_BYTES, Failure, Row, ShardSummary, StackInfo, hist_bin
@@ -40,12 +41,17 @@ class ShardJob:
         self.world_size = 0
         self.last_input_s = 0.0
         self.new_steps = 0
+        self.arrivals = ShardArrivals()
 
     def apply(self, env: Envelope, now_s: float, settings: Settings) -> None:
         st = self.ranks.get(env.rank)
         if st is None:
             st = self.ranks[env.rank] = RankState(rank=env.rank)
-        self.new_steps += fold(st, env, now_s, settings.straggler_window)
+        before = st.last_step
+        new = fold(st, env, now_s, settings.straggler_window)
+        if new:
+            self.arrivals.add(env, before)
+        self.new_steps += new
         ws = env.body.get("world_size", 0) if env.kind in ("heartbeat", "beat") else 0
         if ws > 0:
             self.world_size = ws
@@ -93,6 +99,7 @@ class ShardJob:
             "min_age_s": round(min((s.progress_age_s(now_s) for s in live), default=-1.0), 3),
             "step_hist": step_hist, "busy_hist": busy_hist, "busy_n": busy_n,
             "new_steps": self.new_steps, "retired": int(retired),
+            "arrivals": self.arrivals.passed(min((s.last_step for s in live), default=-1)),
         }
         self.new_steps = 0
         chosen = self._rows_to_send(live, silent, crashed, now_s, settings)

@@ -9,8 +9,10 @@ from stream_processors.monitor import JobMonitor, slow_ranks
 from stream_processors.pipeline import TwoStage
 from stream_processors.stacks import waiting_in_collective
 
+# 10 ms steps: the slow-rank rule judges the last 0.2 s (21 steps) here; tests/stream_processors/
+# test_slow_rule.py runs it at its defaults on longer jobs.
 S = Settings(hang_min_s=10, hang_factor=8, dead_after_s=6, straggler_window=20, straggler_min_steps=8,
-             straggler_z=4, straggler_min_rel=0.5, straggler_persist=3)
+             straggler_z=4, straggler_min_rel=0.5, straggler_persist=3, straggler_min_s=0.2)
 STEP_NS = 10_000_000
 HANG_FRAMES = ["train.py:10 <module>", "train.py:40 train", "train.py:20 hang_forever"]
 WAIT_FRAMES = ["train.py:10 <module>", "train.py:42 train",

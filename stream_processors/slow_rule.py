@@ -1,0 +1,214 @@
+"""The slow-rank rule: a rank that holds the whole job back, for long enough and at enough cost.
+
+Evidence: the job's complete steps (:class:`~stream_processors.arrivals.ArrivalLedger`): per step,
+the rank that arrived last at the collective and its lead over the second-to-last. The rule judges
+the *horizon*, the newest complete steps spanning at least ``straggler_min_s`` seconds and
+``straggler_min_slow_steps`` steps (event time, from the ranks' own step times), and for each rank:
+
+- its last share: the share of the horizon's steps at which it arrived last;
+- its cost share: its leads summed over the steps it was last, over the steps' summed time. Every
+  rank waits that long, so this is the share of the job's rank-time the straggler costs.
+
+A rank is *slow* while its last share is at least ``enter_share(n)`` (0.45; 1.5/n for n < 4 ranks):
+shown as slow (:attr:`SlowRule.watch`, the monitor's rank states) whatever it costs. It is *alerted*
+once it is slow and costs at least ``straggler_cost_gate`` for ``straggler_persist`` evaluations
+in a row, and it leaves after ``straggler_persist`` evaluations in a row where its share fell
+below ``enter_share - 0.1`` or its cost below half the gate (hysteresis both ways: one incident
+per straggler), or at once when it stops stepping by itself (hung outside a collective, dead,
+exited). A slow rank waiting in a collective for a hung peer stays. Evaluated whenever
+``straggler_window / 4`` more steps are complete; needs at least 3 ranks.
+
+Lost rank-seconds: the leads of the named ranks at the steps they were last, times the world size,
+summed while the incident is open. Busy times (step time minus collective wait) are reported in
+the alert's details as evidence; they do not decide, because a rank's busy time also depends on
+when it left the previous collective (see stream_processors/arrivals.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rankscope.alerts import Alert
+from rankscope.config import Settings
+from stream_processors.arrivals import ArrivalLedger, Step, parse_arrivals
+from stream_processors.job_view import JobView
+from stream_processors.summary import ShardSummary, hist_quantile
+
+if TYPE_CHECKING:
+    from stream_processors.monitor import JobMonitor
+
+MAX_ALERT_RANKS = 256
+MAX_DETAIL_RANKS = 64
+ENTER_SHARE = 0.45          # last at this share of the horizon's steps: slow
+LEAVE_SHARE_DROP = 0.10     # a named rank leaves below enter_share minus this ...
+LEAVE_COST_FRACTION = 0.5   # ... or below this fraction of the cost gate
+
+
+def enter_share(n_ranks: int) -> float:
+    """The last share that makes a rank slow in a job of ``n_ranks`` (fair share is 1/n)."""
+    return max(ENTER_SHARE, 1.5 / max(n_ranks, 1))
+
+
+def horizon_stats(horizon: list[Step]) -> dict[int, tuple[float, float]]:
+    """``(last share, cost share)`` of every rank that arrived last at a step of ``horizon``
+    (a step whose last two arrivals tie counts for no one)."""
+    total_ns = sum(s.dur_ns for s in horizon)
+    count: dict[int, int] = {}
+    lead: dict[int, int] = {}
+    for s in horizon:
+        if s.saving_ns <= 0:
+            continue
+        count[s.rank] = count.get(s.rank, 0) + 1
+        lead[s.rank] = lead.get(s.rank, 0) + s.saving_ns
+    return {r: (c / len(horizon), lead[r] / total_ns if total_ns > 0 else 0.0) for r, c in count.items()}
+
+
+@dataclass
+class SlowRule:
+    ledger: ArrivalLedger = field(default_factory=ArrivalLedger)
+    evaluated_step: int = -1
+    enter_evals: dict[int, int] = field(default_factory=dict)   # rank -> evaluations in a row slow and costly
+    leave_evals: dict[int, int] = field(default_factory=dict)   # named rank -> evaluations in a row not
+    watch: dict[int, dict[str, float]] = field(default_factory=dict)   # slow ranks, alerted or not
+    lost_rank_seconds: float = 0.0
+
+    def add(self, summary: ShardSummary) -> None:
+        """Take a shard summary's arrival rows. Raises WireError when they are malformed."""
+        self.ledger.add(summary.shard, summary.agg, parse_arrivals(summary.agg))
+
+    @staticmethod
+    def stepping(mon: JobMonitor, view: JobView, now_s: float, settings: Settings, dead: set[int]) -> dict[int, float]:
+        """Median busy time of the ranks that step. Left out: exited and dead ranks, and ranks stalled
+        past the hang threshold other than in a collective (a rank stopped by its peers' hang is
+        still as slow as it was; one stopped by itself is not a straggler)."""
+        thr = mon.hang_threshold_s(view, settings)
+        return {r.rank: float(r.busy_med_ns) for r in view.rows.values()
+                if not r.exit_reason and r.rank not in dead and r.window_steps >= settings.straggler_min_steps
+                and (r.waiting == 1 or view.age(r, now_s) <= thr)}
+
+    def evaluate(self, mon: JobMonitor, view: JobView, now_s: float, settings: Settings,
+                 dead: set[int]) -> list[Alert]:
+        active = [sh for sh, s in mon.shards.items() if s.agg["live"]]
+        closed = self.ledger.complete(active)
+        cur = mon.incidents.get("slow_rank")
+        named = set(cur["ranks"]) if cur else set()
+        world = max(view.world_size, view.ranks)
+        self.lost_rank_seconds += sum(s.saving_ns for s in closed if s.rank in named) * world / 1e9
+        stepping = self.stepping(mon, view, now_s, settings, dead)
+        if cur is not None:
+            # A slow rank that stops stepping (hung, dead, exited) leaves the incident at once.
+            gone = [r for r in cur["ranks"] if r in view.rows and r not in stepping]
+            if gone:
+                for r in gone:
+                    self.leave_evals.pop(r, None)
+                    self.watch.pop(r, None)
+                remaining = [r for r in cur["ranks"] if r not in gone]
+                why = f"rank{'s' if len(gone) > 1 else ''} {','.join(map(str, gone))} stopped stepping"
+                if not remaining:
+                    return mon._resolve("slow_rank", now_s, why)
+                return mon._open_or_update("slow_rank", now_s, remaining, cur["step"], f"{cur['summary']} ({why})",
+                                           "warning", [], {**cur["details"], "left": gone},
+                                           lost=self.lost_rank_seconds)
+        steps = self.ledger.steps
+        if not steps or steps[-1].step < self.evaluated_step + max(1, settings.straggler_window // 4):
+            return []
+        self.evaluated_step = steps[-1].step
+        horizon = self.ledger.horizon(settings.straggler_min_s, settings.straggler_min_slow_steps)
+        n = sum(1 for r in view.rows.values() if not r.exit_reason and r.rank not in dead) if view.exact \
+            else view.live - len(dead)
+        if not horizon or n < 3:
+            return []
+        stats = horizon_stats(horizon)
+        enter, gate = enter_share(n), settings.straggler_cost_gate
+        self.watch = {r: {"last_share": round(sh, 3), "cost_share": round(co, 4)}
+                      for r, (sh, co) in stats.items() if sh >= enter or r in named}
+        for r in set(stats) | set(self.enter_evals) | named:
+            sh, co = stats.get(r, (0.0, 0.0))
+            if r in named:
+                out = sh < enter - LEAVE_SHARE_DROP or co < gate * LEAVE_COST_FRACTION
+                self.leave_evals[r] = self.leave_evals.get(r, 0) + 1 if out else 0
+            else:
+                self.enter_evals[r] = self.enter_evals.get(r, 0) + 1 if sh >= enter and co >= gate else 0
+        persist = settings.straggler_persist
+        slow = sorted({r for r in named if self.leave_evals.get(r, 0) < persist}
+                      | {r for r, k in self.enter_evals.items() if r not in named and k >= persist})
+        self.enter_evals = {r: k for r, k in self.enter_evals.items() if k and r not in slow}
+        self.leave_evals = {r: self.leave_evals.get(r, 0) for r in slow}
+        if not slow:
+            return mon._resolve("slow_rank", now_s, "no rank holds the job back any more")
+        details = self._details(view, stats, horizon, slow, stepping, world, settings)
+        worst = max(slow, key=lambda r: stats.get(r, (0.0, 0.0))[1])
+        share, cost = stats.get(worst, (0.0, 0.0))
+        summary = (f"job {mon.job}: rank{'s' if len(slow) > 1 else ''} {','.join(map(str, slow[:16]))} slow: "
+                   f"last to reach the collective in {share:.0%} of the last {len(horizon)} steps "
+                   f"({details['horizon_s']:.0f} s), costing {cost:.1%} of the job's time")
+        return mon._open_or_update("slow_rank", now_s, slow[:MAX_ALERT_RANKS], max(view.min_step, 0), summary,
+                                   "warning", [], details, lost=self.lost_rank_seconds)
+
+    @staticmethod
+    def _details(view: JobView, stats: dict[int, tuple[float, float]], horizon: list[Step], slow: list[int],
+                 stepping: dict[int, float], world: int, settings: Settings) -> dict[str, Any]:
+        top = sorted(stats, key=lambda r: -stats[r][1])[:MAX_DETAIL_RANKS]
+        span_s = (horizon[-1].arrival_ns - horizon[0].arrival_ns) / 1e9
+        lead_ns = sum(s.saving_ns for s in horizon if s.rank in set(slow))
+        out: dict[str, Any] = {
+            "last_share": {str(r): round(stats[r][0], 3) for r in sorted(top)},
+            "cost_share": {str(r): round(stats[r][1], 4) for r in sorted(top)},
+            "cost_gate": settings.straggler_cost_gate, "horizon_steps": len(horizon), "horizon_s": round(span_s, 1),
+            "lost_rank_seconds_per_step": round(lead_ns * world / len(horizon) / 1e9, 6),
+            "evidence": "arrival at each step's collective (step end minus time blocked in collectives); "
+                        "the last rank's lead over the second-to-last is what every rank waits for it",
+        }
+        if view.exact and len(stepping) >= 2:
+            base = statistics.median(v for r, v in stepping.items() if r not in slow) if len(slow) < len(stepping) \
+                else statistics.median(stepping.values())
+        else:
+            base = hist_quantile(view.busy_hist, 0.5)
+        shown = [r for r in slow[:MAX_DETAIL_RANKS] if r in stepping]
+        if shown:
+            out["median_busy_ms"] = {str(r): round(stepping[r] / 1e6, 3) for r in shown}
+        if view.exact and len(stepping) >= 3:
+            z = slow_ranks(stepping, settings.straggler_z, settings.straggler_min_rel)
+            out["busy_z"] = {str(r): round(z[r][0], 2) for r in shown}
+            out["busy_abnormal"] = sorted(r for r, (_, flagged) in z.items() if flagged)[:MAX_DETAIL_RANKS]
+        if base:
+            out["baseline_busy_ms"] = round(base / 1e6, 3)
+        return out
+
+
+def slow_ranks(medians: dict[int, float], z_min: float, min_rel: float) -> dict[int, tuple[float, bool]]:
+    """Each rank's robust z of busy time against its peers, and whether it is flagged: ``(z, flagged)``.
+
+    The baseline of a rank is the median of the *other* ranks, and the scale 1.4826 x their MAD
+    (floored at 5% of that median): a slow rank must not move its own baseline, or in a small job
+    it hides inside the spread it causes. Flagged: z > ``z_min`` and more than ``min_rel`` above
+    the baseline. O(n log n): removing one value moves a sorted list's median by at most one place."""
+    order = sorted(medians, key=lambda r: medians[r])
+    vals = [medians[r] for r in order]
+    if len(vals) < 2:
+        return {r: (0.0, False) for r in order}
+    out: dict[int, tuple[float, bool]] = {}
+    deviations: dict[float, tuple[list[float], dict[int, int]]] = {}   # per baseline: sorted |v - base|, places
+    for p, r in enumerate(order):
+        base = _median_without(vals, p)
+        if base not in deviations:        # at most 3 distinct baselines
+            devs = sorted((abs(v - base), i) for i, v in enumerate(vals))
+            deviations[base] = ([d for d, _ in devs], {i: k for k, (_, i) in enumerate(devs)})
+        devs_sorted, place = deviations[base]
+        mad = _median_without(devs_sorted, place[p])
+        scale = max(1.4826 * mad, 0.05 * base, 1000.0)
+        z = (vals[p] - base) / scale
+        out[r] = (z, z > z_min and vals[p] > base * (1 + min_rel))
+    return out
+
+
+def _median_without(sorted_vals: list[float], pos: int) -> float:
+    """Median of ``sorted_vals`` (at least 2) without the value at ``pos``."""
+    m = len(sorted_vals) - 1
+
+    def at(k: int) -> float:
+        return sorted_vals[k] if k < pos else sorted_vals[k + 1]
+
+    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
