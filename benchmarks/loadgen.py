@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.config import Settings
+from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode, rank_key
 
@@ -226,7 +227,7 @@ def _worker(cfg: LoadConfig, settings_env: dict[str, str], lo: int, hi: int, ind
         if err is not None:
             errors["delivery"] += 1
 
-    producer = Producer({"bootstrap.servers": settings.bootstrap, "linger.ms": cfg.linger_ms,
+    producer = Producer({**client_conf(settings), "linger.ms": cfg.linger_ms,
                          "compression.type": cfg.compression, "queue.buffering.max.messages": 2_000_000,
                          "queue.buffering.max.kbytes": 1_048_576, "batch.size": 1_000_000,
                          "client.id": f"loadgen-{index}", "error_cb": on_error})

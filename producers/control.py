@@ -17,10 +17,12 @@ from typing import Any
 import msgpack
 
 from producers.untraced import leave_profiler
-from rankscope.kafka_client import KafkaAuthError
+from rankscope.kafka_client import FirstFailureOnly, auth_error_cb, failure_kind
 from rankscope.wire import WireError, decode
 
 log = logging.getLogger("rankscope.control")
+_librdkafka_log = logging.getLogger("rankscope.librdkafka")
+_librdkafka_log.addFilter(FirstFailureOnly())
 
 COMMANDS = frozenset({"trace", "stop", "flight"})
 ACK_STATUSES = frozenset({"accepted", "queued", "rejected", "done", "stopped"})
@@ -93,6 +95,7 @@ class ControlListener:
         self.rejected = 0
         self._consumer = consumer
         self._bootstrap = bootstrap
+        self._rejected = False   # the broker refused the credentials: the listener stops
         self._thread = threading.Thread(target=self._run, name="rankscope-control", daemon=True)
 
     def start(self) -> ControlListener:
@@ -112,14 +115,19 @@ class ControlListener:
         # (librdkafka's default is 0.5 s) costs no latency and cuts an idle rank's fetch requests
         # from 2/s to 0.2/s (thousands of ranks poll one control topic).
         base = {"bootstrap.servers": self._bootstrap} if isinstance(self._bootstrap, str) else dict(self._bootstrap)
+        base["error_cb"] = auth_error_cb(base, self._on_error)
         c = Consumer({**base, "group.id": f"rankscope-rank-{self.job}-{self.rank}",
                       "enable.auto.commit": False, "auto.offset.reset": "latest", "fetch.wait.max.ms": 5000,
-                      "logger": logging.getLogger("rankscope.librdkafka"), "log_level": 3})
-        try:
-            md = c.list_topics(self.topic, timeout=10)
-        except Exception:
-            c.poll(0)  # surfaces an authentication failure (KafkaAuthError from a fatal error_cb)
-            raise
+                      "logger": _librdkafka_log, "log_level": 3})
+        for attempt in range(20):  # 10 s in all; a rejected login ends the wait at once
+            try:
+                md = c.list_topics(self.topic, timeout=0.5)
+                break
+            except Exception:
+                c.poll(0)  # serves the error callback
+                if self._rejected or attempt == 19:
+                    c.close()
+                    raise
         parts = md.topics[self.topic].partitions if self.topic in md.topics else {}
         if not parts:
             raise RuntimeError(f"control topic {self.topic} not found")
@@ -131,9 +139,9 @@ class ControlListener:
         while not self._stop.is_set() and self._consumer is None:
             try:
                 self._consumer = self._make_consumer()
-            except KafkaAuthError:
-                return  # reported once by the error callback; retrying with the same credentials cannot help
             except Exception as e:
+                if self._rejected:
+                    return  # reported once by the error callback; the same credentials would fail again
                 log.debug("control channel not ready: %s", e)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
@@ -141,12 +149,12 @@ class ControlListener:
             leave_profiler()
             try:
                 msg = self._consumer.poll(0.5)
-            except KafkaAuthError:
-                break
             except Exception as e:
                 log.debug("control poll failed: %s", e)
                 self._stop.wait(1.0)
                 continue
+            if self._rejected:
+                break
             if msg is None or msg.error():
                 continue
             self.handle_payload(msg.value())
@@ -155,6 +163,10 @@ class ControlListener:
                 self._consumer.close()
         except Exception:
             pass
+
+    def _on_error(self, err: Any) -> None:
+        if failure_kind(err) is not None:
+            self._rejected = True
 
     def handle_payload(self, payload: bytes | None) -> None:
         """Decode one control message and dispatch it if it is for this rank. Never raises."""

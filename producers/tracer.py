@@ -88,7 +88,7 @@ class Tracer:
         self._flight: collections.deque[tuple[int, int, int, int]] = collections.deque(maxlen=self.settings.flight_steps)
         self.control: ControlListener | None = None
         if self.settings.control_enabled and transport is None:
-            self.control = ControlListener(client_conf(self.settings, fatal=True), self._control_topic, self.identity.job,
+            self.control = ControlListener(client_conf(self.settings), self._control_topic, self.identity.job,
                                            self.identity.rank, handler=self._on_control,
                                            reject=lambda rid, why: self._ack(rid, "rejected", why)).start()
         self._step = -1                      # last completed step

@@ -201,7 +201,7 @@ class Transport:
         del producer
 
     def _on_error(self, err: Any) -> None:
-        if failure_kind(err) is not None:
+        if self._rejected or failure_kind(err) is not None:
             self._rejected = True
             return
         try:

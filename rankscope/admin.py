@@ -13,13 +13,14 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from rankscope.config import Settings
-from rankscope.kafka_client import client_conf
+from rankscope.kafka_client import FirstFailureOnly, client_conf
 from rankscope.topics import all_topic_names
 
 log = logging.getLogger(__name__)
 # librdkafka's own log lines (e.g. "connection refused" while a broker starts) go here instead
 # of raw stderr; they are only emitted while a client call is running.
 _client_log = logging.getLogger("rankscope.kafka.client")
+_client_log.addFilter(FirstFailureOnly())
 
 
 class KafkaUnavailable(RuntimeError):

@@ -178,6 +178,23 @@ def auth_error_cb(conf: Mapping[str, Any], then: Callable[[Any], None] | None = 
     return on_error
 
 
+class FirstFailureOnly(logging.Filter):
+    """For a logger that receives librdkafka's own lines: lets through the first line about a rejected
+    login or TLS handshake and drops the repeats that each reconnect attempt adds."""
+
+    MARKERS = ("SASL authentication error", "SSL handshake failed", "Authentication failed")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not any(m in record.getMessage() for m in self.MARKERS):
+            return True
+        first, self._seen = not self._seen, True
+        return first
+
+
 def _detail(err: Any) -> str:
     try:
         return str(err.str())

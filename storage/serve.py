@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rankscope.clock import SYSTEM_CLOCK, Clock
-from rankscope.config import ConfigError, Settings
+from rankscope.config import ConfigError, Settings, redact_dsn
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class SinkThread:
                 sink = Sink(self.settings, self.store, self.clock)
                 with _RUNNING_LOCK:
                     _RUNNING["sink"] = sink
-                log.info("sink consuming %s into %s", sorted(sink.topics.values()), self.store.dsn)
+                log.info("sink consuming %s into %s", sorted(sink.topics.values()), redact_dsn(self.store.dsn))
                 sink.run(self.stop_event)
             except KafkaAuthError:
                 return  # reported once by the client; the same credentials would fail again
@@ -162,7 +162,7 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
     sink = SinkThread(settings, store, clock).start() if with_sink else None
     opts = streamlit_options(settings)
     log.info("dashboard on http://127.0.0.1:%d (store %s, sink %s)", settings.dashboard_port,
-             settings.store_dsn, "on" if sink else "off")
+             settings.store_dsn_redacted, "on" if sink else "off")
     try:
         bootstrap.load_config_options(opts)
         bootstrap.run(str(script), False, [], opts)
@@ -185,14 +185,14 @@ def run_sink(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> int:
     store = open_store(settings.store_dsn)
     if store.embedded:
         log.warning("the sink holds the embedded store %s alone: nothing else can read it while it runs "
-                    "(`rankscope serve` runs sink and dashboard together)", settings.store_dsn)
+                    "(`rankscope serve` runs sink and dashboard together)", settings.store_dsn_redacted)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         sink = Sink(settings, store, clock)
         with _RUNNING_LOCK:
             _RUNNING["sink"] = sink
-        log.info("sink consuming %s into %s", sorted(sink.topics.values()), settings.store_dsn)
+        log.info("sink consuming %s into %s", sorted(sink.topics.values()), settings.store_dsn_redacted)
         sink.run(stop)
         log.info("sink stopped: %s", sink.stats())
     finally:

@@ -647,7 +647,7 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
 
 
 def producer_config(settings: Settings) -> dict[str, Any]:
-    return {**client_conf(settings, fatal=True), "client.id": "rankscope-sink-dlq", "acks": "all",
+    return {**client_conf(settings), "client.id": "rankscope-sink-dlq", "acks": "all",
             "enable.idempotence": True, "linger.ms": 20, "logger": _client_log}
 
 

@@ -2,7 +2,9 @@
 
 ``chdb:///path`` opens the embedded engine (chDB) on disk; only one process may open a directory,
 so :func:`open_store` raises :class:`StoreLocked` with a clear message when another process holds it.
-``http://host:8123`` talks to a ClickHouse server. The same schema and queries serve both.
+``http://host:8123`` talks to a ClickHouse server (``https://`` over TLS; ``user:password@host``,
+``?ca_cert=/path.pem`` and ``?verify=false`` as :attr:`rankscope.config.Settings.store_dsn` folds them in).
+The same schema and queries serve both. A password never appears in a message or a repr.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, unquote, urlparse
 
 import pandas as pd
+
+from rankscope.config import redact_dsn
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +43,11 @@ class Store:
     def __init__(self, client: Any, dsn: str, database: str = DATABASE) -> None:
         self._client = client
         self._lock = threading.RLock()
-        self.dsn = dsn
+        self.dsn = dsn   # may hold a password: show redact_dsn(dsn)
         self.database = database
+
+    def __repr__(self) -> str:
+        return f"Store({redact_dsn(self.dsn)!r}, database={self.database!r})"
 
     @property
     def embedded(self) -> bool:
@@ -196,10 +203,49 @@ def _connect(dsn: str) -> Any:
                     "Stop `rankscope serve`/`rankscope up` first, or point RANKSCOPE_CLICKHOUSE_DSN "
                     f"at a ClickHouse server. ({type(e).__name__}: {e})") from e
             raise StoreError(f"cannot open {dsn}: {type(e).__name__}: {e}") from e
-    u = urlparse(dsn)
-    if u.scheme not in ("http", "https"):
-        raise StoreError(f"unsupported DSN scheme in {dsn!r}; use chdb:///path or http://host:8123")
+    params = server_params(dsn)
     try:
-        return clickhouse_connect.get_client(dsn=dsn)
+        return clickhouse_connect.get_client(**params)
     except Exception as e:
-        raise StoreError(f"cannot reach ClickHouse at {u.hostname}:{u.port}: {type(e).__name__}: {e}") from e
+        where = f"{'https' if params['secure'] else 'http'}://{params['host']}:{params['port']}"
+        detail = str(e).replace(params["password"], "***") if params["password"] else str(e)
+        raise StoreError(f"cannot reach ClickHouse at {where} as user {params['username'] or 'default'}: "
+                         f"{type(e).__name__}: {detail}") from None
+
+
+_DSN_OPTIONS = {"ca_cert", "verify"}
+
+
+def server_params(dsn: str) -> dict[str, Any]:
+    """``clickhouse_connect.get_client`` keyword arguments for a server DSN:
+    ``http[s]://[user[:password]@]host[:port][?ca_cert=/ca.pem&verify=false]``.
+
+    https means TLS (``secure``), verified against ``ca_cert`` (else the system CAs) unless
+    ``verify=false``; the port defaults to 8123 (http) or 8443 (https). Raises StoreError, whose
+    message never holds the password, for another scheme, a missing host or an unknown option.
+    """
+    u = urlparse(dsn)
+    shown = redact_dsn(dsn)
+    if u.scheme not in ("http", "https"):
+        raise StoreError(f"unsupported DSN scheme in {shown!r}; use chdb:///path or http://host:8123")
+    try:
+        host, port = u.hostname, u.port
+    except ValueError as e:
+        raise StoreError(f"bad host or port in the DSN {shown!r}: {e}") from None
+    if not host:
+        raise StoreError(f"no host in the DSN {shown!r}")
+    query = dict(parse_qsl(u.query))
+    unknown = sorted(set(query) - _DSN_OPTIONS)
+    if unknown:
+        raise StoreError(f"unknown option(s) {unknown} in the DSN {shown!r}; known: {sorted(_DSN_OPTIONS)}")
+    secure = u.scheme == "https"
+    params: dict[str, Any] = {"host": host, "port": port or (8443 if secure else 8123),
+                              "username": unquote(u.username) if u.username else None,
+                              "password": unquote(u.password) if u.password else "", "secure": secure}
+    if secure:
+        params["verify"] = query.get("verify", "true").lower() not in ("false", "0", "no", "off")
+        if "ca_cert" in query:
+            params["ca_cert"] = query["ca_cert"]
+    elif "ca_cert" in query or "verify" in query:
+        raise StoreError(f"ca_cert and verify need an https DSN, got {shown!r}")
+    return params

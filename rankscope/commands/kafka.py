@@ -54,7 +54,7 @@ def _stop(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
-    answers = kafka_answers(settings.bootstrap, timeout_s=3.0)
+    answers = kafka_answers(settings, timeout_s=3.0)
     if settings.local_broker:
         pid = LocalBroker(settings).pid()
         state = f"running (pid {pid})" if pid else "not running"

@@ -56,7 +56,7 @@ def up(args: argparse.Namespace, settings: Settings) -> int:
     print(f"supervisor   pid {services.pid_of(settings, 'supervisor')}  log {services.log_path(settings, 'supervisor')}")
     for name in SERVICES:
         print(f"{name:<12} pid {services.pid_of(settings, name)}  log {services.log_path(settings, name)}")
-    print(f"store        {settings.store_dsn}")
+    print(f"store        {settings.store_dsn_redacted}")
     print(f"dashboard    http://127.0.0.1:{settings.dashboard_port}")
     return 0
 
