@@ -10,9 +10,12 @@ import logging
 import pkgutil
 import sys
 
-from rankscope.config import ConfigError, Settings
+from rankscope import logs, services
+from rankscope.config import ConfigError, Settings, unknown_env
 from rankscope.extras import MissingExtra, extra_for
 from rankscope.kafka_client import KafkaAuthError
+
+log = logging.getLogger("rankscope.cli")
 
 
 def common_parser() -> argparse.ArgumentParser:
@@ -37,6 +40,7 @@ SETTING_FLAGS = ("data_dir", "bootstrap_servers", "kafka_port", "clickhouse_dsn"
 def build_parser() -> argparse.ArgumentParser:
     common = common_parser()
     parser = argparse.ArgumentParser(prog="rankscope", description="rankscope: find out, while it runs, why a distributed PyTorch job is slow or stuck.")
+    parser.add_argument("--version", action="version", version=f"rankscope {services.package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     import rankscope.commands as pkg
 
@@ -58,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_args(args)
     except ConfigError as e:
         parser.error(str(e))
-    logging.basicConfig(level=getattr(logging, settings.log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings, service=args.command)
+    for warning in unknown_env():
+        log.warning("%s", warning)
     try:
         rc = args.func(args, settings)
     except ConfigError as e:

@@ -7,7 +7,8 @@
    :func:`rankscope.services.pid_of` reads;
 2. poll the children every ``tick_s``; when one exits without being asked to, write its exit status
    (code or signal) into that service's log, SIGKILL what is left of its process group, and start it
-   again after the :class:`BackoffPolicy` delay;
+   again after the :class:`BackoffPolicy` delay; each child gets ``RANKSCOPE_RESTARTS``, how many
+   times its service was restarted before it (the service's ``rankscope_service_restarts`` metric);
 3. after every change, replace ``<data_dir>/run/supervisor.json`` atomically (see :func:`read_state`);
 4. once :meth:`Supervisor.request_stop` was called (the command calls it on SIGTERM and SIGINT),
    send SIGTERM to each child's process group, SIGKILL after ``stop_timeout_s``, remove the
@@ -33,7 +34,7 @@ from typing import Any
 
 from rankscope import services
 from rankscope.clock import SYSTEM_CLOCK, Clock
-from rankscope.config import Settings
+from rankscope.config import RESTARTS_ENV, Settings
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,8 @@ class Supervisor:
         try:
             with open(services.log_path(self.settings, name), "ab") as out:
                 c.proc = subprocess.Popen(list(c.spec.argv), stdout=out, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=self._env, start_new_session=True)
+                                          stdin=subprocess.DEVNULL, env={**self._env, RESTARTS_ENV: str(c.starts)},
+                                          start_new_session=True)
         except OSError as e:
             c.failures, delay = self.policy.after_exit(c.failures, 0.0)
             c.last_exit = f"start failed: {e}"

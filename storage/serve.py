@@ -159,6 +159,9 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
     from storage.store import close_store, open_store
 
     store = open_store(settings.store_dsn)
+    from rankscope.metrics import start_metrics
+
+    start_metrics(settings, "serve")
     sink = SinkThread(settings, store, clock).start() if with_sink else None
     opts = streamlit_options(settings)
     log.info("dashboard on http://127.0.0.1:%d (store %s, sink %s)", settings.dashboard_port,
@@ -186,6 +189,9 @@ def run_sink(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> int:
     if store.embedded:
         log.warning("the sink holds the embedded store %s alone: nothing else can read it while it runs "
                     "(`rankscope serve` runs sink and dashboard together)", settings.store_dsn_redacted)
+    from rankscope.metrics import start_metrics
+
+    start_metrics(settings, "sink")
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

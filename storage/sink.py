@@ -43,6 +43,7 @@ from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.kafka_client import client_conf
+from rankscope.metrics import process_metrics
 from rankscope.packed import unpack_int_columns
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, WireError, decode, split_beat
@@ -666,6 +667,7 @@ class Sink:
         self.clock = clock
         self.retry = retry or RetryPolicy()
         self.dead_letters = counter or DeadLetterCounter()
+        self.metrics = process_metrics()
         self.max_poll_messages = max_poll_messages
         self.topics = {t: t.name_for(settings) for t in SINK_TOPICS}
         self._kind_by_name = {name: t for t, name in self.topics.items()}
@@ -720,6 +722,7 @@ class Sink:
             self._write(self._pending)
             return 0
         msgs = self._consumer.consume(num_messages=self.max_poll_messages, timeout=timeout_s)
+        self.metrics.consumed(msgs, self._consumer, self.clock.wall_ns())
         taken = 0
         for i, msg in enumerate(msgs):
             if self._pending is not None:
@@ -993,6 +996,7 @@ class Sink:
     def _dead_letter(self, topic: str, partition: int, offset: int, reason: str, detail: str,
                      payload: bytes | None) -> None:
         self.dead_letters.add(STAGE, reason)
+        self.metrics.dead_letter(STAGE, reason)
         dl = DeadLetter.make(ts_ns=self.clock.wall_ns(), source_topic=topic, partition=partition, offset=offset,
                              stage=STAGE, reason=reason, detail=detail, payload=payload)
         log.debug("sink: dead letter %s[%d]@%d: %s %s", topic, partition, offset, reason, detail)
@@ -1019,6 +1023,7 @@ class Sink:
             self._flush_dead_letters()
         except StoreError as e:
             self._count("store_errors")
+            self.metrics.insert_errors.inc()
             if once:
                 log.error("sink: batch of %d messages not written (%s); left uncommitted", batch.messages, e)
                 return False
@@ -1050,7 +1055,9 @@ class Sink:
                 columns = batch.tables[table].data
             else:
                 continue
+            t0 = time.perf_counter()
             n = self.store.insert_columns(table, columns)
+            self.metrics.inserted(table, n, time.perf_counter() - t0)
             batch.done.add(table)
             with self._lock:
                 self._rows[table] += n
@@ -1143,6 +1150,8 @@ class Sink:
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         log.info("sink: revoked %s", [(p.topic, p.partition) for p in partitions])
+        for p in partitions:
+            self.metrics.forget_partitions(p.topic, [p.partition])
         with self._lock:
             self._assignment = []
         batch = self._pending or self._batch

@@ -24,6 +24,8 @@ import logging
 import os
 import socket
 import sys
+import time
+from collections import Counter
 from typing import Any
 
 import faust
@@ -32,6 +34,7 @@ from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.kafka_client import faust_auth
+from rankscope.metrics import process_metrics, start_metrics
 from rankscope.topics import Topic
 from rankscope.trace_request import TraceRequest, control_body, plan
 from rankscope.wire import Envelope, WireError, decode
@@ -72,6 +75,7 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     names = {t.name_for(settings): t for t in Topic}
     sender = Sender(socket.gethostname(), os.getpid())
     counter = DeadLetterCounter()
+    metrics = process_metrics()
     folder = ShardFolder(settings, f"{app_id(settings)}-shards", clock, counter, sender)
     job_stage = JobStage(settings)
     collector = WindowCollector()
@@ -82,6 +86,7 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
 
     async def dead_letter(msg: Any, value: Any, reason: str, detail: str) -> None:
         counter.add("processors", reason)
+        metrics.dead_letter("processors", reason)
         dl = DeadLetter.make(ts_ns=clock.wall_ns(), source_topic=msg.topic, partition=msg.partition,
                              offset=msg.offset, stage="processors", reason=reason, detail=detail,
                              payload=value if isinstance(value, bytes) else None)
@@ -104,6 +109,8 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app: Any, revoked: Any, **kw: Any) -> None:
         job_stage.revoke({tp.partition for tp in revoked if names.get(tp.topic) is Topic.SHARDS})
+        for tp in revoked:
+            metrics.forget_partitions(tp.topic, [tp.partition])
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(app: Any, assigned: Any, **kw: Any) -> None:
@@ -125,6 +132,7 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     @app.agent(topics[Topic.SHARDS], concurrency=1)
     async def judge(stream: Any) -> None:
         async for event in stream.events():
+            metrics.consumed_event(event.message, app, clock.wall_ns())
             env = await decode_or_deadletter(event, ("shard",))
             if env is None:
                 continue
@@ -138,6 +146,7 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
 
     @app.timer(interval=settings.scan_interval_s)
     async def tick() -> None:
+        t0 = time.perf_counter()
         now_s = clock.wall_ns() / 1e9
         for alert in job_stage.tick(now_s):
             log.warning("alert %s %s: %s", alert.status, alert.kind, alert.summary)
@@ -149,6 +158,8 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
                     await request_flight_record(alert.job, alert)
             except Exception as e:
                 log.exception("publishing alert %s failed: %s", alert.alert_id, e)
+        metrics.set_open_incidents(Counter(kind for m in job_stage.monitors.values() for kind in m.incidents))
+        metrics.scanned("jobs", time.perf_counter() - t0)
 
     async def auto_trace(job: str, now_s: float) -> None:
         """A sustained slowdown opens a trace window on the job by itself (rate-limited)."""
@@ -190,6 +201,7 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     @app.agent(topics[Topic.SUMMARIES], concurrency=1)
     async def reports(stream: Any) -> None:
         async for event in stream.events():
+            metrics.consumed_event(event.message, app, clock.wall_ns())
             env = await decode_or_deadletter(event, ("summary",))
             if env is None:
                 continue
@@ -231,7 +243,9 @@ def run_worker(settings: Settings, loglevel: str = "WARNING") -> None:
     from faust.worker import Worker
 
     app = build_app(settings)
+    start_metrics(settings, "processors")
     try:
-        Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+        # rankscope.logs set up logging (log_format); faust keeps it.
+        Worker(app, loglevel=loglevel, quiet=True, override_logging=False).execute_from_commandline()
     finally:
         app.rankscope_stages[0].stop()  # type: ignore[attr-defined]

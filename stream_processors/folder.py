@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
@@ -31,6 +32,7 @@ from rankscope.clock import Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.kafka_client import client_conf
+from rankscope.metrics import process_metrics
 from rankscope.topics import Topic
 from rankscope.wire import WireError, decode
 from stream_processors.rebuild import rebuild_shards
@@ -46,6 +48,7 @@ class ShardFolder:
         self.group_id = group_id
         self.clock = clock
         self.counter = counter
+        self.metrics = process_metrics()
         self.stage = ShardStage(settings, sender)
         self.folded = 0
         self.assigned: set[int] = set()
@@ -92,13 +95,16 @@ class ShardFolder:
                     self.fold(msgs)
                 if self.clock.monotonic() >= next_tick:
                     next_tick = self.clock.monotonic() + s.scan_interval_s
+                    t0 = time.perf_counter()
                     self.tick()
+                    self.metrics.scanned("shards", time.perf_counter() - t0)
                 self.producer.poll(0)
         finally:
             self.consumer.close()
             self.producer.flush(5)
 
     def fold(self, msgs: list[Any]) -> None:
+        self.metrics.consumed(msgs, getattr(self, "consumer", None), self.clock.wall_ns())
         now_s = self.clock.wall_ns() / 1e9
         last: dict[int, Any] = {}
         for m in msgs:
@@ -127,6 +133,7 @@ class ShardFolder:
 
     def dead_letter(self, m: Any, reason: str, detail: str) -> None:
         self.counter.add("processors", reason)
+        self.metrics.dead_letter("processors", reason)
         value = m.value()
         dl = DeadLetter.make(ts_ns=self.clock.wall_ns(), source_topic=m.topic(), partition=m.partition(),
                              offset=m.offset(), stage="processors", reason=reason, detail=detail,
@@ -152,4 +159,5 @@ class ShardFolder:
         gone = {tp.partition for tp in partitions}
         self.assigned -= gone
         self.stage.revoke(gone)
+        self.metrics.forget_partitions(self._topic, gone)
         log.warning("revoked steps partitions %s", sorted(gone))

@@ -86,7 +86,7 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
     if state is None:
         for name in SERVICES:
             pid = services.pid_of(settings, name)
-            print(f"{name:<12} {'pid ' + str(pid) if pid else 'stopped'}")
+            print(f"{name:<12} {'pid ' + str(pid) if pid else 'stopped'}{_metrics(settings, name)}")
         return 0
     for name, svc in state.get("services", {}).items():
         pid, started = svc.get("pid"), svc.get("started")
@@ -94,8 +94,13 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
         line += f"  restarts {svc.get('restarts', 0)}"
         if svc.get("last_exit"):
             line += f"  last exit {svc['last_exit']}"
-        print(f"{name:<12} {line}")
+        print(f"{name:<12} {line}{_metrics(settings, name)}")
     return 0
+
+
+def _metrics(settings: Settings, name: str) -> str:
+    url = services.metrics_url(settings, name)
+    return f"  metrics {url}" if url else ""
 
 
 def _duration(seconds: float) -> str:
