@@ -11,8 +11,10 @@ the *horizon*, the newest complete steps spanning at least ``straggler_min_s`` s
 
 A rank is *slow* while its last share is at least ``enter_share(n)`` (0.45; 1.5/n for n < 4 ranks):
 shown as slow (:attr:`SlowRule.watch`, the monitor's rank states) whatever it costs. It is *alerted*
-once it is slow and costs at least ``straggler_cost_gate`` for ``straggler_persist`` evaluations
-in a row, and it leaves after ``straggler_persist`` evaluations in a row where its share fell
+once it has been slow and cost at least ``straggler_cost_gate`` at every evaluation for
+``straggler_persist`` evaluations and half of ``straggler_min_s`` (measured on 4 gloo ranks on 2
+cores under heavy load: a healthy rank's share reached 0.47 over 10 s, for at most 1 s; a 1.5x
+straggler's stayed above 0.48 for the whole run), and it leaves after ``straggler_persist`` evaluations in a row where its share fell
 below ``enter_share - 0.1`` or its cost below half the gate (hysteresis both ways: one incident
 per straggler), or at once when it stops stepping by itself (hung outside a collective, dead,
 exited). A slow rank waiting in a collective for a hung peer stays. Evaluated whenever
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 MAX_ALERT_RANKS = 256
 MAX_DETAIL_RANKS = 64
 ENTER_SHARE = 0.45          # last at this share of the horizon's steps: slow
+PERSIST_FRACTION = 0.5      # slow and costly for this fraction of straggler_min_s before it is alerted
 LEAVE_SHARE_DROP = 0.10     # a named rank leaves below enter_share minus this ...
 LEAVE_COST_FRACTION = 0.5   # ... or below this fraction of the cost gate
 
@@ -70,6 +73,7 @@ class SlowRule:
     ledger: ArrivalLedger = field(default_factory=ArrivalLedger)
     evaluated_step: int = -1
     enter_evals: dict[int, int] = field(default_factory=dict)   # rank -> evaluations in a row slow and costly
+    costly_since_ns: dict[int, int] = field(default_factory=dict)   # ... since this step's arrival (event time)
     leave_evals: dict[int, int] = field(default_factory=dict)   # named rank -> evaluations in a row not
     watch: dict[int, dict[str, float]] = field(default_factory=dict)   # slow ranks, alerted or not
     lost_rank_seconds: float = 0.0
@@ -122,6 +126,7 @@ class SlowRule:
             return []
         stats = horizon_stats(horizon)
         enter, gate = enter_share(n), settings.straggler_cost_gate
+        newest_ns = horizon[-1].arrival_ns
         self.watch = {r: {"last_share": round(sh, 3), "cost_share": round(co, 4)}
                       for r, (sh, co) in stats.items() if sh >= enter or r in named}
         for r in set(stats) | set(self.enter_evals) | named:
@@ -129,12 +134,17 @@ class SlowRule:
             if r in named:
                 out = sh < enter - LEAVE_SHARE_DROP or co < gate * LEAVE_COST_FRACTION
                 self.leave_evals[r] = self.leave_evals.get(r, 0) + 1 if out else 0
+            elif sh >= enter and co >= gate:
+                self.enter_evals[r] = self.enter_evals.get(r, 0) + 1
+                self.costly_since_ns.setdefault(r, newest_ns)
             else:
-                self.enter_evals[r] = self.enter_evals.get(r, 0) + 1 if sh >= enter and co >= gate else 0
-        persist = settings.straggler_persist
+                self.enter_evals[r] = 0
+        persist, min_ns = settings.straggler_persist, PERSIST_FRACTION * settings.straggler_min_s * 1e9
         slow = sorted({r for r in named if self.leave_evals.get(r, 0) < persist}
-                      | {r for r, k in self.enter_evals.items() if r not in named and k >= persist})
+                      | {r for r, k in self.enter_evals.items() if r not in named and k >= persist
+                         and newest_ns - self.costly_since_ns[r] >= min_ns})
         self.enter_evals = {r: k for r, k in self.enter_evals.items() if k and r not in slow}
+        self.costly_since_ns = {r: self.costly_since_ns[r] for r in self.enter_evals}
         self.leave_evals = {r: self.leave_evals.get(r, 0) for r in slow}
         if not slow:
             return mon._resolve("slow_rank", now_s, "no rank holds the job back any more")
