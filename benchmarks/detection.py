@@ -1,7 +1,10 @@
-"""Detection latency: hang alert after the hanging rank's last step (s), slow-rank alert (steps).
+"""Detection latency and precision on real 4-rank torchrun jobs (gloo, CPU), one broker and processors worker.
 
-A real 4-rank torchrun job (gloo, CPU): rank 1 does 4x the compute from step 0, rank 3 hangs at
-step HANG_AT. Repeated REPEATS times on one broker and processors worker; medians reported.
+- slow + hang (REPEATS times): rank 1 does 4x the compute from step 0 and rank 3 hangs at step
+  HANG_AT: hang alert after the hanging rank's last step, slow-rank alert after rank 1's first step;
+- onset: rank 2 does 1.5x the compute from step ONSET_STEP: slow-rank alert after that step began;
+- healthy: HEALTHY_STEPS steps of identical work to completion: every alert of the job is false.
+Times are the alert's ``opened_ns`` against the ranks' own step times (from the steps topic).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import signal
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -20,63 +24,133 @@ from benchmarks._stack import local_stack, torchrun
 from rankscope.alerts import Alert
 from rankscope.topics import Topic
 
-HANG_AT = 250
+HANG_AT = 800           # after the slow-rank rule's horizon (straggler_min_s) has passed
 REPEATS = 2
+ONSET_STEP = 500
+HEALTHY_STEPS = 1500
 
 
-def _one(settings: Any, consumer: Any, steps_consumer: Any) -> dict[str, float]:
+class Watch:
+    """The alerts and step records of one job, read as they come."""
+
+    def __init__(self, job: str, alerts: Any, steps: Any) -> None:
+        self.job, self.alerts_c, self.steps_c = job, alerts, steps
+        self.alerts: list[Alert] = []
+        self.start_ns: dict[tuple[int, int], int] = {}
+        self.last_end_ns: dict[int, int] = {}
+        self.step_ns: list[int] = []
+
+    def poll(self) -> None:
+        for msg in self.alerts_c.consume(100, 0.2):
+            if not msg.error():
+                a = Alert.from_json(msg.value())
+                if a.job == self.job:
+                    self.alerts.append(a)
+        for msg in self.steps_c.consume(500, 0.05):
+            if msg.error():
+                continue
+            m = msgpack.unpackb(msg.value())
+            if m["job"] != self.job or m["kind"] not in ("steps", "beat") or not m["body"]["step"]:
+                continue
+            b = m["body"]
+            for s, a, e in zip(b["step"], b["start_ns"], b["end_ns"], strict=True):
+                self.start_ns.setdefault((m["rank"], s), a)
+                self.step_ns.append(e - a)
+            self.last_end_ns[m["rank"]] = max(self.last_end_ns.get(m["rank"], 0), max(b["end_ns"]))
+
+    def first(self, kind: str) -> Alert | None:
+        return next((a for a in self.alerts if a.kind == kind and a.status == "open"), None)
+
+    def until(self, done: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not done():
+            self.poll()
+
+
+def _stop(proc: Any) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(60)
+
+
+def _slow_and_hang(settings: Any, alerts: Any, steps: Any) -> dict[str, float]:
     job = f"bench-{uuid.uuid4().hex[:6]}"
+    w = Watch(job, alerts, steps)
     proc = torchrun(settings, job, "--steps", "100000", "--slow-rank", "1", "--hang-rank", "3",
                     "--hang-at-step", str(HANG_AT))
-    slow = hang = None
-    last_end_ns = 0
-    step_ns: list[int] = []
-    deadline = time.monotonic() + 300
     try:
-        while time.monotonic() < deadline and (slow is None or hang is None):
-            for msg in consumer.consume(100, 0.2):
-                if msg.error():
-                    continue
-                a = Alert.from_json(msg.value())
-                if a.job != job or a.status != "open":
-                    continue
-                if a.kind == "slow_rank" and slow is None:
-                    slow = a
-                if a.kind == "hang" and hang is None:
-                    hang = a
-            for msg in steps_consumer.consume(500, 0.05):
-                if msg.error():
-                    continue
-                m = msgpack.unpackb(msg.value())
-                if m["job"] == job and m["kind"] in ("steps", "beat") and m["body"]["step"]:
-                    step_ns += [e - s for s, e in zip(m["body"]["start_ns"], m["body"]["end_ns"], strict=True)]
-                    if m["rank"] == 3:
-                        last_end_ns = max(last_end_ns, max(m["body"]["end_ns"]))
+        w.until(lambda: w.first("slow_rank") is not None and w.first("hang") is not None
+                and (1, 0) in w.start_ns and (3, HANG_AT - 1) in w.start_ns, 300)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-    if slow is None or hang is None:
-        raise RuntimeError(f"alerts missing for {job}: slow={slow} hang={hang}")
-    return {"hang_alert_after_last_step_s": (hang.opened_ns - last_end_ns) / 1e9,
+        _stop(proc)
+    slow, hang = w.first("slow_rank"), w.first("hang")
+    if slow is None or hang is None or (1, 0) not in w.start_ns:
+        raise RuntimeError(f"alerts or steps missing for {job}: slow={slow} hang={hang}")
+    return {"hang_alert_after_last_step_s": (hang.opened_ns - w.last_end_ns[3]) / 1e9,
+            "slow_alert_after_first_step_s": (slow.opened_ns - w.start_ns[(1, 0)]) / 1e9,
             "slow_alert_at_step": float(slow.step),
-            "slow_alert_after_job_start_s": float(slow.step) * statistics.median(step_ns) / 1e9,
-            "median_step_ms": statistics.median(step_ns) / 1e6,
+            "median_step_ms": statistics.median(w.step_ns) / 1e6,
             "hang_threshold_s": float(hang.details["threshold_s"])}
+
+
+def _onset(settings: Any, alerts: Any, steps: Any) -> dict[str, float]:
+    job = f"bench-onset-{uuid.uuid4().hex[:6]}"
+    w = Watch(job, alerts, steps)
+    proc = torchrun(settings, job, "--steps", "100000", "--slow-rank", "2", "--slow-factor", "1.5",
+                    "--slow-from-step", str(ONSET_STEP))
+    try:
+        w.until(lambda: w.first("slow_rank") is not None and (2, ONSET_STEP) in w.start_ns, 300)
+    finally:
+        _stop(proc)
+    slow = w.first("slow_rank")
+    if slow is None or (2, ONSET_STEP) not in w.start_ns:
+        raise RuntimeError(f"no slow-rank alert or onset step for {job}")
+    return {"onset_slow_alert_after_onset_s": (slow.opened_ns - w.start_ns[(2, ONSET_STEP)]) / 1e9,
+            "onset_slow_alert_rank_ok": float(slow.ranks == [2]),
+            "onset_alerts_before_onset": float(sum(1 for a in w.alerts if a.status == "open"
+                                                   and a.opened_ns < w.start_ns[(2, ONSET_STEP)]))}
+
+
+def _healthy(settings: Any, alerts: Any, steps: Any, scan_s: float) -> dict[str, float]:
+    job = f"bench-healthy-{uuid.uuid4().hex[:6]}"
+    w = Watch(job, alerts, steps)
+    proc = torchrun(settings, job, "--steps", str(HEALTHY_STEPS))
+    try:
+        w.until(lambda: proc.poll() is not None, 900)
+    finally:
+        _stop(proc)
+    end = time.monotonic() + 10 * scan_s + 5     # the processors' scans after the last exit record
+    w.until(lambda: time.monotonic() > end, 60)
+    first = min((a for (r, s), a in w.start_ns.items() if s == 0), default=0)
+    last = max(w.last_end_ns.values(), default=0)
+    return {"healthy_false_alerts": float(sum(1 for a in w.alerts if a.status == "open")),
+            "healthy_steps": float(max((s for _, s in w.start_ns), default=-1) + 1),
+            "healthy_job_s": (last - first) / 1e9, "healthy_exit_code": float(proc.returncode)}
 
 
 def run() -> dict[str, Any]:
     with local_stack() as settings:
-        consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                             "auto.offset.reset": "earliest"})
-        consumer.subscribe([Topic.ALERTS.name_for(settings)])
-        steps_consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                                   "auto.offset.reset": "earliest"})
-        steps_consumer.subscribe([Topic.STEPS.name_for(settings)])
-        runs = [_one(settings, consumer, steps_consumer) for _ in range(REPEATS)]
-        consumer.close()
-        steps_consumer.close()
-    metrics = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
-    return {"name": "detection", "runs": runs, "metrics": metrics,
+        def consumer(topic: Topic) -> Consumer:
+            c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
+                          "auto.offset.reset": "earliest"})
+            c.subscribe([topic.name_for(settings)])
+            return c
+
+        alerts, steps = consumer(Topic.ALERTS), consumer(Topic.STEPS)
+        runs = [_slow_and_hang(settings, alerts, steps) for _ in range(REPEATS)]
+        onset = _onset(settings, alerts, steps)
+        healthy = _healthy(settings, alerts, steps, settings.scan_interval_s)
+        alerts.close()
+        steps.close()
+    metrics: dict[str, float] = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
+    metrics.update({k: round(v, 3) for k, v in {**onset, **healthy}.items()})
+    return {"name": "detection", "runs": runs, "onset": onset, "healthy": healthy, "metrics": metrics,
             "settings": {"hang_min_s": settings.hang_min_s, "hang_factor": settings.hang_factor,
-                         "straggler_persist": settings.straggler_persist, "scan_interval_s": settings.scan_interval_s},
-            "targets": {"hang_alert_after_last_step_s": "hang_min_s + scan (~11 s at defaults)"}}
+                         "straggler_persist": settings.straggler_persist, "straggler_min_s": settings.straggler_min_s,
+                         "straggler_min_slow_steps": settings.straggler_min_slow_steps,
+                         "straggler_cost_gate": settings.straggler_cost_gate, "scan_interval_s": settings.scan_interval_s},
+            "targets": {"hang_alert_after_last_step_s": "hang_min_s + scan (~11 s at defaults)",
+                        "slow_alert_after_first_step_s": "<= 30 s",
+                        "onset_slow_alert_after_onset_s": "<= 30 s",
+                        "onset_alerts_before_onset": "0",
+                        "healthy_false_alerts": "0 (1,500 steps, >= 30 s)"}}
