@@ -13,7 +13,8 @@ from typing import Any
 import pynvml as real_nvml
 import pytest
 
-from producers.hw import NO_NVML_MESSAGE, HardwareSampler, pick_gpu
+from producers.hw import NO_NVML_MESSAGE, HardwareSampler
+from producers.hw_gpu import pick_gpu
 from producers.identity import RankIdentity
 from producers.tracer import Tracer
 from rankscope.config import ConfigError, Settings
