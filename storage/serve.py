@@ -18,6 +18,7 @@ Order matters (see FACTS.md "Embedded mode in one process"):
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -69,18 +70,37 @@ def export_settings(settings: Settings, environ: Any = None) -> dict[str, str]:
     return written
 
 
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and addresses in 127.0.0.0/8 or ::1."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(settings: Settings) -> None:
+    """Raise ConfigError when the dashboard would bind a non-loopback address without a password."""
+    if not is_loopback(settings.dashboard_host) and not settings.dashboard_password:
+        raise ConfigError(
+            f"dashboard_host={settings.dashboard_host!r} is reachable from other machines, so the dashboard "
+            "needs a password: set RANKSCOPE_DASHBOARD_PASSWORD, or bind 127.0.0.1 (RANKSCOPE_DASHBOARD_HOST)")
+
+
 def streamlit_options(settings: Settings) -> dict[str, Any]:
-    """Flag options for ``bootstrap.run``: loopback only, headless, no telemetry, agent API when known."""
+    """Flag options for ``bootstrap.run``: ``dashboard_host``, headless, no telemetry, and the agent API
+    (when this Streamlit has it) on loopback binds only."""
     from streamlit import config as st_config
 
     opts: dict[str, Any] = {
         "server_port": settings.dashboard_port,
-        "server_address": "127.0.0.1",
+        "server_address": settings.dashboard_host,
         "server_headless": True,
         "browser_gatherUsageStats": False,
     }
     if "server.enableAgentApi" in getattr(st_config, "_config_options_template", {}):
-        opts["server_enableAgentApi"] = True
+        opts["server_enableAgentApi"] = is_loopback(settings.dashboard_host)
     return opts
 
 
@@ -146,8 +166,10 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
     """Run the dashboard (and, by default, the sink) in this process until SIGINT/SIGTERM. Blocks.
 
     Must be called from the main thread (Streamlit installs signal handlers). Raises StoreLocked when
-    another process holds the embedded store, ConfigError for a missing script. Returns 0.
+    another process holds the embedded store, ConfigError for a missing script or for a non-loopback
+    ``dashboard_host`` without ``dashboard_password``. Returns 0.
     """
+    check_bind(settings)
     script = Path(script_path) if script_path is not None else default_script()
     if not script.is_file():
         raise ConfigError(f"dashboard script {script} does not exist")
@@ -164,8 +186,9 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
     start_metrics(settings, "serve")
     sink = SinkThread(settings, store, clock).start() if with_sink else None
     opts = streamlit_options(settings)
-    log.info("dashboard on http://127.0.0.1:%d (store %s, sink %s)", settings.dashboard_port,
-             settings.store_dsn_redacted, "on" if sink else "off")
+    log.info("dashboard on http://%s:%d (store %s, sink %s, password %s)", settings.dashboard_host,
+             settings.dashboard_port, settings.store_dsn_redacted, "on" if sink else "off",
+             "required" if settings.dashboard_password else "off")
     try:
         bootstrap.load_config_options(opts)
         bootstrap.run(str(script), False, [], opts)

@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser(
         "serve", parents=[common],
         help="run the dashboard and the Kafka->ClickHouse sink in one process",
-        description="Run the Streamlit dashboard on 127.0.0.1:<dashboard port> and, unless --no-sink, the "
+        description="Run the Streamlit dashboard on <dashboard host>:<dashboard port> and, unless --no-sink, the "
                     "sink in the same process. In embedded mode (chdb:// store) this process must be the "
                     "only one holding the data directory.")
     p.add_argument("--no-sink", action="store_true",

@@ -1,0 +1,111 @@
+"""The dashboard's bind address and password, through ``rankscope serve`` and a real browser.
+
+The server binds 0.0.0.0 (a non-loopback bind) and the browser connects through 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from browser import launch_browser, screenshot, wait_for_text
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "correct horse battery staple"
+START_TIMEOUT_S = 90.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
+    env.update({"RANKSCOPE_DATA_DIR": str(tmp), "RANKSCOPE_CLICKHOUSE_DSN": f"chdb://{tmp / 'clickhouse'}",
+                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+def test_non_loopback_bind_without_password_refuses_to_start(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "rankscope", "serve", "--no-sink"], cwd=tmp_path,
+                         env=_env(tmp_path, RANKSCOPE_DASHBOARD_HOST="0.0.0.0",
+                                  RANKSCOPE_DASHBOARD_PORT=str(_free_port())),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "RANKSCOPE_DASHBOARD_PASSWORD" in res.stderr and "0.0.0.0" in res.stderr, res.stderr
+    assert not (tmp_path / "clickhouse").exists()  # refused before opening the store
+
+
+@pytest.fixture(scope="module")
+def protected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("password")
+    port = _free_port()
+    log = tmp / "serve.log"
+    env = _env(tmp, RANKSCOPE_DASHBOARD_HOST="0.0.0.0", RANKSCOPE_DASHBOARD_PORT=str(port),
+               RANKSCOPE_DASHBOARD_PASSWORD=PASSWORD)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rankscope", "serve", "--no-sink"], cwd=tmp, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert proc.poll() is None, f"serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"serve not healthy:\n{log.read_text()[-3000:]}"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    text = log.read_text()
+    assert "Traceback" not in text, text[-3000:]
+    assert PASSWORD not in text  # the password never reaches the log
+    assert "0.0.0.0" in text and "password required" in text, text[-3000:]
+
+
+def test_password_gate_in_browser(protected: str) -> None:
+    with launch_browser() as page:
+        page.goto(protected + "/job?job=anything")  # a deep link is gated too
+        wait_for_text(page, "Password", 60)
+        assert page.get_by_text("Fleet overview").count() == 0
+        assert page.get_by_role("link", name="SQL console").count() == 0  # no navigation before sign-in
+        screenshot(page, "dashboard_password")
+
+        field = page.get_by_label("Password", exact=True)
+        field.fill("wrong password")
+        page.get_by_role("button", name="Sign in").click()
+        wait_for_text(page, "Wrong password.")
+        assert page.get_by_role("link", name="SQL console").count() == 0
+
+        field.fill(PASSWORD)
+        page.get_by_role("button", name="Sign in").click()
+        page.get_by_role("link", name="SQL console").first.wait_for(state="visible", timeout=60_000)
+        page.get_by_role("link", name="Fleet overview").first.click()
+        wait_for_text(page, "Fleet overview", 60)
+
+    with launch_browser() as page:  # a new browser session starts signed out
+        page.goto(protected + "/")
+        wait_for_text(page, "Password", 60)
+        assert page.get_by_role("link", name="SQL console").count() == 0
