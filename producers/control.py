@@ -114,7 +114,8 @@ class ControlListener:
         # A long poll: the broker answers a fetch as soon as a command arrives, so waiting up to 5 s
         # (librdkafka's default is 0.5 s) costs no latency and cuts an idle rank's fetch requests
         # from 2/s to 0.2/s (thousands of ranks poll one control topic).
-        base = {"bootstrap.servers": self._bootstrap} if isinstance(self._bootstrap, str) else dict(self._bootstrap)
+        base: dict[str, Any] = ({"bootstrap.servers": self._bootstrap} if isinstance(self._bootstrap, str)
+                                else dict(self._bootstrap))
         base["error_cb"] = auth_error_cb(base, self._on_error)
         c = Consumer({**base, "group.id": f"rankscope-rank-{self.job}-{self.rank}",
                       "enable.auto.commit": False, "auto.offset.reset": "latest", "fetch.wait.max.ms": 5000,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -30,7 +31,7 @@ class KafkaUnavailable(RuntimeError):
 def admin_client(target: str | Settings) -> AdminClient:
     """An admin client for a bootstrap address (plain) or for ``Settings`` (with their security;
     a rejected login raises KafkaAuthError from the client's ``poll``)."""
-    base = {"bootstrap.servers": target} if isinstance(target, str) else client_conf(target, fatal=True)
+    base: dict[str, Any] = {"bootstrap.servers": target} if isinstance(target, str) else client_conf(target, fatal=True)
     return AdminClient({**base, "logger": _client_log})
 
 

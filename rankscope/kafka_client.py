@@ -57,7 +57,7 @@ def parse_extra(raw: str) -> dict[str, Any]:
     if raw.startswith("{"):
         try:
             obj = json.loads(raw)
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             raise ConfigError(f"kafka_extra is not a valid JSON object ({e.msg} at column {e.colno})") from None
         if not isinstance(obj, dict) or not all(isinstance(v, str | int | float | bool) for v in obj.values()):
             raise ConfigError("kafka_extra as JSON must be an object of strings, numbers or booleans")
