@@ -19,7 +19,7 @@ from dashboard import queries
 from rankscope.config import ConfigError, Settings
 from storage.store import Store, StoreError, StoreLocked, open_store
 
-JOB_PAGE = "pages/job.py"
+JOB_PAGE = "views/job.py"
 QUERY_TTL_S = 1.0
 STATE_BADGE = {
     "running": ":green-badge[running]",

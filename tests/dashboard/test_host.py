@@ -60,7 +60,7 @@ def test_time_range_bounds():
 
 
 def test_host_page(app_env):
-    at = open_page("pages/host.py", host="node-a")
+    at = open_page("views/host.py", host="node-a")
     assert not at.exception, at.exception
     assert at.selectbox(key="host_pick").value == "node-a"
     text = page_text(at)
@@ -75,13 +75,13 @@ def test_host_page(app_env):
 
 
 def test_host_page_without_samples_and_range_follows_user(app_env):
-    at = open_page("pages/host.py", host="node-c")  # gpu_util only, no host metrics
+    at = open_page("views/host.py", host="node-c")  # gpu_util only, no host metrics
     assert not at.exception, at.exception
     assert "No `cpu_util` samples" in page_text(at)
     at.selectbox(key="range_pick").select("6h").run()
     assert not at.exception
     assert "GPUs · last 6 h" in [s.value for s in at.subheader]
-    at.switch_page("pages/fleet.py").run()  # the choice follows the user to the fleet page
+    at.switch_page("views/fleet.py").run()  # the choice follows the user to the fleet page
     assert not at.exception and at.selectbox(key="range_pick").value == "6h"
     at.selectbox(key="range_pick").select("custom").run()
     assert not at.exception
@@ -89,7 +89,7 @@ def test_host_page_without_samples_and_range_follows_user(app_env):
 
 
 def test_host_page_unknown_host_warns(app_env):
-    at = open_page("pages/host.py", host="node-zz")
+    at = open_page("views/host.py", host="node-zz")
     assert not at.exception
     assert any("node-zz" in w.value for w in at.warning)
 

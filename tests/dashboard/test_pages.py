@@ -194,7 +194,7 @@ def test_fleetopen_page(app_env):
 
 
 def test_job_page_shows_states_and_stacks(app_env):
-    at = open_page("pages/job.py", job=sd.HANG_JOB)
+    at = open_page("views/job.py", job=sd.HANG_JOB)
     assert not at.exception, at.exception
     assert at.selectbox[0].value == sd.HANG_JOB
     ranks = at.table[0].value
@@ -211,7 +211,7 @@ def test_job_page_shows_states_and_stacks(app_env):
 
 def test_job_page_large_job_uses_heatmap_and_dataframe(app_env, monkeypatch):
     monkeypatch.setattr(q, "HEATMAP_MIN_RANKS", 2)  # treat the 4-rank job as a large one
-    at = open_page("pages/job.py", job=sd.HANG_JOB)
+    at = open_page("views/job.py", job=sd.HANG_JOB)
     assert not at.exception, at.exception
     assert not at.table  # the ranks table is a (virtualised) dataframe now
     ranks = at.dataframe[0].value
@@ -220,7 +220,7 @@ def test_job_page_large_job_uses_heatmap_and_dataframe(app_env, monkeypatch):
 
 
 def test_job_page_picker_follows_query_param(app_env):
-    at = open_page("pages/job.py", job=sd.OK_JOB)
+    at = open_page("views/job.py", job=sd.OK_JOB)
     assert not at.exception
     assert at.selectbox[0].value == sd.OK_JOB
     assert "healthy] all 2 ranks running" in page_text(at)
@@ -231,14 +231,14 @@ def test_job_page_picker_follows_query_param(app_env):
 
 
 def test_job_page_unknown_job_warns(app_env):
-    at = open_page("pages/job.py", job="no-such-job")
+    at = open_page("views/job.py", job="no-such-job")
     assert not at.exception
     assert any("no-such-job" in w.value for w in at.warning)
     assert at.selectbox[0].value == sd.HANG_JOB
 
 
 def test_alertsopen_page(app_env):
-    at = open_page("pages/alerts.py")
+    at = open_page("views/alerts.py")
     assert not at.exception, at.exception
     text = page_text(at)
     assert "Open 2" in text and "Resolved 1" in text
@@ -251,18 +251,18 @@ def test_alertsopen_page(app_env):
 
 def test_empty_store_says_what_to_do(app_env, monkeypatch):
     monkeypatch.setattr(q, "jobs", lambda store, **kw: pd.DataFrame(columns=q.JOBS_COLUMNS))
-    for page in (None, "pages/job.py"):
+    for page in (None, "views/job.py"):
         at = open_page(page)
         assert not at.exception
         assert any("from rankscope import Tracer" in i.value and "make demo" in i.value for i in at.info)
     monkeypatch.setattr(q, "alerts", lambda store, **kw: pd.DataFrame(columns=q.ALERTS_COLUMNS))
-    at = open_page("pages/alerts.py")
+    at = open_page("views/alerts.py")
     assert not at.exception and any("No alerts yet" in i.value for i in at.info)
 
 
 def test_unreachable_store_warns_calmly(app_env, monkeypatch):
     monkeypatch.setenv("RANKSCOPE_CLICKHOUSE_DSN", "http://127.0.0.1:9")
-    for page in (None, "pages/job.py", "pages/alerts.py"):
+    for page in (None, "views/job.py", "views/alerts.py"):
         at = open_page(page)
         assert not at.exception, at.exception
         assert any("Cannot open the store" in w.value for w in at.warning)
@@ -299,6 +299,6 @@ def test_flight_records_latest_per_rank(store):
 
 
 def test_job_page_shows_flight_records(app_env):
-    at = open_page("pages/job.py", job=sd.HANG_JOB)
+    at = open_page("views/job.py", job=sd.HANG_JOB)
     assert not at.exception, at.exception
     assert "Rank 3" in page_text(at) and any("train.py:56" in c.value for c in at.code)

@@ -50,7 +50,7 @@ def test_report_sections_nested_and_odd_bodies():
 
 @pytest.mark.clickhouse
 def test_reports_page(app_env):
-    at = open_page("pages/reports.py")
+    at = open_page("views/reports.py")
     assert not at.exception, at.exception
     text = page_text(at)
     assert sd.WINDOW_ID in text and "1 report" in text
@@ -64,6 +64,6 @@ def test_reports_page(app_env):
 @pytest.mark.clickhouse
 def test_reports_page_empty_state(app_env, monkeypatch):
     monkeypatch.setattr(q, "reports", lambda store, **kw: pd.DataFrame(columns=q.REPORTS_COLUMNS))
-    at = open_page("pages/reports.py")
+    at = open_page("views/reports.py")
     assert not at.exception
     assert any("rankscope trace --job J --steps 3 --auto-analyze" in i.value for i in at.info)

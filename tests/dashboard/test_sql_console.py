@@ -107,7 +107,7 @@ def test_examples_answer_what_they_say(store):
 
 
 def test_sql_page_runs_a_select_and_offers_csv(app_env):
-    at = open_page("pages/sql.py")
+    at = open_page("views/sql.py")
     assert not at.exception, at.exception
     at.text_area(key="sql_text").input("SELECT job, world_size FROM jobs ORDER BY job").run()
     at.button[0].click().run()
@@ -124,7 +124,7 @@ def test_sql_page_runs_a_select_and_offers_csv(app_env):
     ("SELECT * FROM no_such_table", "UNKNOWN_TABLE"),
 ])
 def test_sql_page_refuses_writes_calmly(app_env, store, sql, shown):
-    at = open_page("pages/sql.py")
+    at = open_page("views/sql.py")
     at.text_area(key="sql_text").input(sql).run()
     at.button[0].click().run()
     assert not at.exception, at.exception
@@ -134,7 +134,7 @@ def test_sql_page_refuses_writes_calmly(app_env, store, sql, shown):
 
 
 def test_sql_page_loads_an_example(app_env):
-    at = open_page("pages/sql.py")
+    at = open_page("views/sql.py")
     at.selectbox(key="sql_example").select("Open alerts").run()
     assert "FROM (SELECT * FROM rankscope.alerts" in at.text_area(key="sql_text").value
     at.button[0].click().run()

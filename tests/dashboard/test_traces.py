@@ -204,7 +204,7 @@ def test_parse_ranks_is_the_cli_one():
 
 @pytest.mark.clickhouse
 def test_traces_page_lists_windows_and_draws_flame(app_env):
-    at = open_page("pages/traces.py", job=sd.HANG_JOB)
+    at = open_page("views/traces.py", job=sd.HANG_JOB)
     assert not at.exception, at.exception
     windows = at.dataframe[0].value
     assert list(windows["window_id"]) == [sd.WINDOW_ID, sd.OLD_WINDOW_ID]
@@ -232,7 +232,7 @@ def test_traces_page_sends_a_request_and_shows_acks(app_env, monkeypatch):
                 control.Ack(1, "rejected", "steps=5: a window is already open")]
 
     monkeypatch.setattr(control, "request_window", fake_request)
-    at = open_page("pages/traces.py", job=sd.HANG_JOB)
+    at = open_page("views/traces.py", job=sd.HANG_JOB)
     at.text_input[0].input("0-1")
     at.number_input[0].set_value(5)
     at.button[0].click().run()       # "Request window"
@@ -250,7 +250,7 @@ def test_traces_page_sends_a_request_and_shows_acks(app_env, monkeypatch):
 @pytest.mark.clickhouse
 def test_traces_page_refuses_bad_input_without_sending(app_env, monkeypatch):
     monkeypatch.setattr(control, "request_window", lambda *a, **k: pytest.fail("must not send"))
-    at = open_page("pages/traces.py", job=sd.HANG_JOB)
+    at = open_page("views/traces.py", job=sd.HANG_JOB)
     at.text_input[0].input("0-x")
     at.button[0].click().run()
     assert any("bad rank range" in e.value for e in at.error)
@@ -262,7 +262,7 @@ def test_traces_page_refuses_bad_input_without_sending(app_env, monkeypatch):
 @pytest.mark.clickhouse
 def test_traces_page_no_acks_warns(app_env, monkeypatch):
     monkeypatch.setattr(control, "request_window", lambda *a, **k: [])
-    at = open_page("pages/traces.py", job=sd.OK_JOB)
+    at = open_page("views/traces.py", job=sd.OK_JOB)
     at.button[0].click().run()
     assert not at.exception
     assert any("No acknowledgement within 5 s" in w.value for w in at.warning)
