@@ -157,3 +157,22 @@ def test_faust_gets_scram_credentials_with_a_context_trusting_the_ca(tmp_path: P
     assert plain.protocol.value == "SASL_PLAINTEXT" and plain.ssl_context is None
     tls = faust_auth(Settings(kafka_security_protocol="SSL", kafka_ssl_ca_file=str(ca.ca_file)))["broker_credentials"]
     assert tls.protocol.value == "SSL" and isinstance(tls.context, ssl.SSLContext)
+
+
+def test_the_local_broker_adds_a_sasl_ssl_listener_with_scram_users(tmp_path: Path) -> None:
+    from rankscope.broker import LocalBroker, SaslSslListener
+
+    settings = Settings(data_dir=str(tmp_path), kafka_port=19092, kafka_controller_port=19093)
+    listener = SaslSslListener(port=19094, keystore=tmp_path / "b.p12", keystore_password="kspw",
+                               users={"alice": SECRET})
+    broker = LocalBroker(settings, sasl_ssl=listener)
+    props = broker.server_properties()
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093,SASL_SSL://127.0.0.1:19094"
+    assert props["advertised.listeners"].endswith(",SASL_SSL://127.0.0.1:19094")
+    assert props["listener.security.protocol.map"].endswith(",SASL_SSL:SASL_SSL")
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512" and props["ssl.keystore.type"] == "PKCS12"
+    assert "ScramLoginModule required" in props["listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
+    assert listener.scram_args() == ["--add-scram", f"SCRAM-SHA-512=[name=alice,password={SECRET}]"]
+    assert broker.sasl_ssl_bootstrap == "127.0.0.1:19094" and SECRET not in repr(listener)
+    assert broker.write_config().stat().st_mode & 0o077 == 0   # holds the keystore password
+    assert "SASL_SSL" not in LocalBroker(settings).server_properties()["listeners"]
