@@ -721,6 +721,25 @@ def reports(store: Store, job: str | None = None, limit: int = 200) -> pd.DataFr
     return df[REPORTS_COLUMNS].reset_index(drop=True)
 
 
+def report_headline(body: str | bytes | dict[str, Any]) -> str:
+    """The verdict's headline of a report body (:func:`rankscope.report_view.verdict`), or what
+    the body is when it holds no diagnosis. Pure; never raises."""
+    from rankscope.report_view import diagnosis_of, verdict
+
+    try:
+        obj = body if isinstance(body, dict) else json.loads(body)
+    except (TypeError, ValueError):
+        return "not JSON"
+    if not isinstance(obj, dict):
+        return "not a report"
+    if diagnosis_of(obj) is None:
+        return "GPU time breakdown (no diagnosis)" if "temporal_breakdown" in obj else "no diagnosis"
+    try:
+        return verdict(obj).headline
+    except (KeyError, TypeError, ValueError) as e:
+        return f"unreadable diagnosis ({type(e).__name__}: {e})"
+
+
 @dataclass(frozen=True)
 class ReportSection:
     """One part of a report body: ``kind`` is ``table`` (a DataFrame), ``fields`` (a two-column

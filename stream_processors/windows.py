@@ -9,9 +9,9 @@ from typing import Any
 
 import pandas as pd
 
-from rankscope.call_paths import expand_call_paths
 from rankscope.wire import Envelope
-from stream_processors.analysis.report import build_report
+from stream_processors.analysis.diagnosis import report_from_frames
+from stream_processors.analysis.summaries import summary_frames
 
 MAX_OPEN_WINDOWS = 256
 
@@ -41,17 +41,10 @@ class WindowCollector:
             if len(self._open) >= MAX_OPEN_WINDOWS:  # bounded: the oldest window is dropped
                 self._open.pop(next(iter(self._open)))
             win = self._open[key] = _Window(first_seen=now)
-        functions = expand_call_paths(b["functions"])      # raises ValueError on a malformed table
-        fn = pd.DataFrame({k: v for k, v in functions.items() if isinstance(v, list)})
-        window_ns = b["functions"].get("window_ns") or (int(b.get("end_ns", 0)) - int(b.get("start_ns", 0)))
-        fn["rank"] = env.rank
-        fn["window_ns"] = int(window_ns)
+        fn, arrivals = summary_frames(env.rank, b)      # raises ValueError on a malformed table
         win.frames[env.rank] = fn
-        arr = b.get("arrivals")
-        if isinstance(arr, dict) and arr.get("name"):
-            a = pd.DataFrame(arr)
-            a["rank"] = env.rank
-            win.arrivals[env.rank] = a
+        if arrivals is not None:
+            win.arrivals[env.rank] = arrivals
         if isinstance(b.get("request_ranks"), list):
             win.request_ranks = [int(r) for r in b["request_ranks"]]
         win.meta[env.rank] = {k: b.get(k) for k in ("first_step", "last_step", "truncated", "events_total")}
@@ -75,10 +68,8 @@ class WindowCollector:
             return None
         self._done.add(key)
         exp = self.expected_from(win, job_ranks)
-        df = pd.concat(win.frames.values(), ignore_index=True)
-        arrivals = pd.concat(win.arrivals.values(), ignore_index=True) if win.arrivals else None
-        report = build_report(df, arrivals, job=job, window_id=window_id, world_size=world_size,
-                              expected_ranks=exp)
+        report = report_from_frames(win.frames, win.arrivals, job=job, window_id=window_id, world_size=world_size,
+                                    expected_ranks=exp)
         report["steps"] = {str(r): [m.get("first_step"), m.get("last_step")] for r, m in sorted(win.meta.items())}
         report["truncated_ranks"] = sorted(r for r, m in win.meta.items() if m.get("truncated"))
         report["schema_version"] = 1

@@ -63,7 +63,8 @@ def window_messages(events: list[dict[str, Any]], window_id: str, byte_budget: i
 
     cols = to_columnar(events, window_id, None)
     bodies, truncated, sent = chunk(cols, byte_budget)
-    summary = summary_body(cols, summarize(cols), events_sent=sent, truncated=truncated, status="complete")
+    summary = summary_body(cols, summarize(cols, compact_paths=True), events_sent=sent, truncated=truncated,
+                           status="complete")
     summary.update(request_id=window_id.rsplit("-", 1)[0], request_ranks=None, arrivals=collective_arrivals(cols))
     return bodies, summary
 

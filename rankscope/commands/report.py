@@ -1,5 +1,6 @@
 """``rankscope report --job J [--window W] [--format json|md] [--output-dir D]``: diagnosis reports
-from the reports topic (the processors build one per trace window)."""
+from the reports topic (the processors build one per trace window). Markdown is the Reports page's
+reading (:mod:`rankscope.report_view`): verdict, charts' data, PerfTracker's sections."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from rankscope.config import Settings
 from rankscope.kafka_client import client_conf
+from rankscope.report_view import render_markdown
 from rankscope.topics import Topic
 
 
@@ -57,8 +59,6 @@ def wait_for_report(settings: Settings, job: str, window_prefix: str, timeout_s:
 
 
 def write_report(report: dict[str, Any], output_dir: str) -> list[Path]:
-    from stream_processors.analysis.report import render_markdown
-
     d = Path(output_dir)
     d.mkdir(parents=True, exist_ok=True)
     base = d / str(report["window_id"]).replace("/", "_")
@@ -69,14 +69,11 @@ def write_report(report: dict[str, Any], output_dir: str) -> list[Path]:
 
 
 def render_markdown_for(report: dict[str, Any]) -> str:
-    from stream_processors.analysis.report import render_markdown
-
+    """The Markdown reading of ``report`` (as ``--format md`` prints it)."""
     return render_markdown(report)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from stream_processors.analysis.report import render_markdown
-
     rep = wait_for_report(settings, args.job, args.window, args.timeout)
     if rep is None:
         print(f"rankscope report: no report for job {args.job!r}"

@@ -1,7 +1,10 @@
-"""Offline function-level report over Kineto trace files (``rankscope analyze``).
+"""Offline report over Kineto trace files (``rankscope analyze``): HTA-compatible GPU time
+breakdowns next to the window diagnosis the processors build (``diagnosis.py``: slow workers,
+causes, collective arrivals, PerfTracker's sections, under the report's ``diagnosis`` key).
 
 :func:`analyze_traces` is pure (loaded traces in, JSON-able dict out); :func:`analyze_paths` adds
-the file reading; :func:`render_markdown` turns a report into text. Times are in µs.
+the file reading (in parallel processes, with a progress callback); :func:`render_markdown` turns
+a report into text. Breakdown times are in µs, diagnosis times in ms.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from itertools import repeat
 from pathlib import Path
@@ -18,12 +21,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rankscope import report_view
 from stream_processors.analysis import breakdown as bd
-from stream_processors.analysis.kineto import Trace, concat_events, expand_paths, load_trace, load_traces
+from stream_processors.analysis.diagnosis import diagnose_summaries, rank_summary
+from stream_processors.analysis.kineto import Trace, concat_events, expand_paths, load_trace
 
 __all__ = ["REPORT_SCHEMA", "analyze_paths", "analyze_traces", "render_markdown"]
 
 REPORT_SCHEMA = "rankscope.analyze/1"
+#: ``progress(done, total, path)``: called after each trace file is read and analysed.
+Progress = Callable[[int, int, str], None]
 
 
 def _plain(v: Any) -> Any:
@@ -66,12 +73,22 @@ def _unlaunched(df: pd.DataFrame, gpu: pd.DataFrame) -> int:
     return int((~mine.isin(keys)).sum())
 
 
-def analyze_traces(traces: Mapping[int, Trace], hta_compatible: bool = False, top_k: int = 10) -> dict[str, Any]:
+def analyze_traces(traces: Mapping[int, Trace], hta_compatible: bool = False, top_k: int = 10,
+                   diagnose: bool = True) -> dict[str, Any]:
     """Report over loaded traces: per-rank temporal breakdown, comm/compute overlap, kernel type
     breakdown (all ranks and per rank), top kernels, idle time breakdown, the convention used and
-    the files read. Pure; the result is JSON-serialisable (NaN becomes None)."""
+    the files read; with ``diagnose``, the window diagnosis under ``diagnosis`` (traces loaded with
+    ``extra_columns=True`` keep their Python stacks there). Pure; the result is JSON-serialisable
+    (NaN becomes None)."""
     if not traces:
         raise ValueError("no traces to analyze")
+    report = _breakdowns(traces, hta_compatible, top_k)
+    if diagnose:
+        report["diagnosis"] = _plain(diagnose_summaries({r: rank_summary(t) for r, t in traces.items()}))
+    return report
+
+
+def _breakdowns(traces: Mapping[int, Trace], hta_compatible: bool, top_k: int) -> dict[str, Any]:
     df = concat_events(traces)
     conv = bd.convention(hta_compatible)
     files = [
@@ -112,23 +129,36 @@ def _report(df: pd.DataFrame, conv: Any, files: list[dict[str, Any]], traces: Ma
 
 def analyze_paths(
     paths: str | Path | Iterable[str | Path], hta_compatible: bool = False, top_k: int = 10,
-    workers: int | None = None,
+    workers: int | None = None, diagnose: bool = True, progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Load trace files or folders (see :func:`kineto.expand_paths`) and return
-    :func:`analyze_traces`'s report. Blocking. Raises ValueError naming the file on bad input.
+    :func:`analyze_traces`'s report. Blocking; ``progress`` is called after each file. Raises
+    ValueError naming the file on bad input.
 
     Every section of the report is per rank except the all-ranks kernel type breakdown, which
     is a sum over ranks; so with ``workers`` > 1 (default: one per CPU, at most one per file)
     each file is read and analysed in its own worker process and the per-rank reports are
-    merged (:func:`merge_reports`): the parent never holds more than the small per-rank results,
-    and the result equals the one-process report.
+    merged (:func:`merge_reports`), the diagnosis built from the ranks' summaries: the parent
+    never holds more than the small per-rank results, and the result equals the one-process report.
     """
     files = expand_paths(paths)
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     workers = max(1, min(workers, len(files)))
+    done = 0
+
+    def tick(path: Path) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, len(files), str(path))
+
     if workers == 1:
-        return analyze_traces(load_traces(files), hta_compatible=hta_compatible, top_k=top_k)
+        parts = []
+        for f in files:
+            parts.append(_analyze_file(f, hta_compatible, top_k, diagnose))
+            tick(f)
+        return _merged(parts, hta_compatible, diagnose)
     # Not fork: the caller may have threads (Kafka clients, chDB, the dashboard) whose locks a
     # forked child would inherit held. A forkserver starts clean and forks the workers from there.
     methods = multiprocessing.get_all_start_methods()
@@ -136,13 +166,29 @@ def analyze_paths(
     if ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload(["stream_processors.analysis.offline"])
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        parts = list(pool.map(_analyze_file, files, repeat(hta_compatible), repeat(top_k), chunksize=1))
-    return merge_reports(parts, hta_compatible)
+        parts = []
+        for f, part in zip(files, pool.map(_analyze_file, files, repeat(hta_compatible), repeat(top_k),
+                                           repeat(diagnose), chunksize=1), strict=True):
+            parts.append(part)
+            tick(f)
+    return _merged(parts, hta_compatible, diagnose)
 
 
-def _analyze_file(path: Path, hta_compatible: bool, top_k: int) -> dict[str, Any]:
-    t = load_trace(path)
-    return analyze_traces({t.rank: t}, hta_compatible=hta_compatible, top_k=top_k)
+def _analyze_file(path: Path, hta_compatible: bool, top_k: int, diagnose: bool
+                  ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One file's breakdown report and, with ``diagnose``, its rank's summary body."""
+    t = load_trace(path, extra_columns=diagnose)
+    part = analyze_traces({t.rank: t}, hta_compatible=hta_compatible, top_k=top_k, diagnose=False)
+    return part, rank_summary(t) if diagnose else None
+
+
+def _merged(parts: list[tuple[dict[str, Any], dict[str, Any] | None]], hta_compatible: bool,
+            diagnose: bool) -> dict[str, Any]:
+    report = merge_reports([p for p, _ in parts], hta_compatible)
+    if diagnose:
+        bodies = {min(p["ranks"]): b for p, b in parts if b is not None}
+        report["diagnosis"] = _plain(diagnose_summaries(bodies))
+    return report
 
 
 def merge_reports(parts: list[dict[str, Any]], hta_compatible: bool) -> dict[str, Any]:
@@ -223,9 +269,13 @@ def _table(rows: list[dict[str, Any]], cols: list[str], headers: list[str] | Non
 
 
 def render_markdown(report: Mapping[str, Any]) -> str:
-    """A human-readable Markdown page for a report from :func:`analyze_traces`."""
+    """A human-readable Markdown page for a report from :func:`analyze_traces`: the diagnosis
+    first (:func:`rankscope.report_view.render_markdown`), then the GPU time breakdown."""
     conv = report["convention"]
-    parts = ["# rankscope analyze: GPU time breakdown\n"]
+    parts = []
+    if isinstance(report.get("diagnosis"), dict):
+        parts.append(report_view.render_markdown(report["diagnosis"]).replace("# rankscope diagnosis", "# rankscope analyze: diagnosis", 1))
+    parts.append("# rankscope analyze: GPU time breakdown\n")
     parts.append(f"Convention: **{conv['name']}** (hta_compatible={conv['hta_compatible']})\n")
     parts += [f"- {rule}" for rule in conv["rules"]]
     dep = report.get("departures_from_hta") or {}

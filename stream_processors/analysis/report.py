@@ -8,8 +8,8 @@ it; see producers/trace_events.py), and optionally collective arrivals
 
 Definitions (README "Diagnosis metrics"):
 - bottleneck ratio of a function on a worker = exclusive_ns / window_ns;
-- abnormal = robust z-score across workers (median, MAD x 1.4826, scale floored at 5% of the
-  median) above ``z_threshold``, and, for memory ops, CUDA runtime and Python functions,
+- abnormal = robust z-score against the other workers (``outliers.peer_z``: their median and
+  MAD x 1.4826, scale floored at 5% of that median) above ``z_threshold``, and, for memory ops, CUDA runtime and Python functions,
   PerfTracker's floor: the value is at least 1% of the window;
 - busy time of a worker = exclusive time of kernels, memory ops, runtime calls and CPU ops (not
   collectives, annotations or Python self time, which is mostly waiting), each function's calls
@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stream_processors.analysis.outliers import flag_slow, peer_z
+
 GPU_CATS = ("kernel",)
 MEM_CATS = ("memcpy", "memset")
 COMPUTE_CATS = ("kernel", "cpu_op", "python", "memcpy", "memset", "runtime")
@@ -33,14 +35,6 @@ BUSY_CATS = ("kernel", "cpu_op", "memcpy", "memset", "runtime")   # python self 
 OWN_FRAMES = "producers/"   # rankscope's own threads and wrappers are not the user's functions
 THREAD_ROOT = "_bootstrap"  # threading.py(...): _bootstrap: the root frame of every non-main Python thread
 FLOOR = 0.01
-
-
-def robust_z(values: pd.Series) -> pd.Series:
-    """(x - median) / max(1.4826 MAD, 5% of |median|, 1): robust to one outlier among few workers."""
-    med = float(values.median())
-    mad = float((values - med).abs().median())
-    scale = max(1.4826 * mad, 0.05 * abs(med), 1.0)
-    return (values - med) / scale
 
 
 def _per_rank(df: pd.DataFrame, cats: tuple[str, ...], col: str, ranks: list[int]) -> pd.Series:
@@ -52,13 +46,14 @@ def _abnormal(series: pd.Series, window: pd.Series, z_threshold: float, floor: f
               both_sides: bool = False) -> list[dict[str, Any]]:
     if len(series) < 3:
         return []
-    z = robust_z(series)
+    pz = peer_z({int(r): float(v) for r, v in series.items()})
     out = []
     for r, v in series.items():
-        hit = z[r] > z_threshold or (both_sides and z[r] < -z_threshold)
+        z = pz[int(r)].z
+        hit = z > z_threshold or (both_sides and z < -z_threshold)
         if hit and (floor is None or v >= floor * float(window[r])):
-            out.append({"rank": int(r), "value_ms": round(v / 1e6, 3), "median_ms": round(float(series.median()) / 1e6, 3),
-                        "z": round(float(z[r]), 2)})
+            out.append({"rank": int(r), "value_ms": round(v / 1e6, 3), "median_ms": round(pz[int(r)].baseline / 1e6, 3),
+                        "z": round(float(z), 2)})
     return out
 
 
@@ -82,7 +77,7 @@ def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, 
         "missing_ranks": sorted(set(expected_ranks or []) - set(ranks)),
         "window_ms": {str(r): round(float(window[r]) / 1e6, 3) for r in ranks},
         "definitions": {"bottleneck_ratio": "exclusive time / window length",
-                        "abnormal": f"robust z-score across workers > {z_threshold} (memory ops, CUDA runtime, "
+                        "abnormal": f"robust z-score against the other workers > {z_threshold} (memory ops, CUDA runtime, "
                                     f"Python functions also need >= {FLOOR:.0%} of the window)"},
         "not_applicable": [],
     }
@@ -166,18 +161,21 @@ def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, 
     busy = _per_rank(typical_exclusive(df), BUSY_CATS, "typical_exclusive_ns", ranks)
     slow = []
     if len(ranks) >= 3:
-        z = robust_z(busy)
-        med = float(busy.median())
+        values = {r: float(busy[r]) for r in ranks}
+        flags = flag_slow(values, z_threshold, min_rel_excess)
+        base = peer_z(values)
         for r in ranks:
-            if z[r] > z_threshold and busy[r] > med * (1 + min_rel_excess) and busy[r] - med > FLOOR * window[r]:
-                slow.append({"rank": r, "busy_ms": round(busy[r] / 1e6, 3), "median_busy_ms": round(med / 1e6, 3),
-                             "z": round(float(z[r]), 2)})
+            z, flagged = flags[r]
+            if flagged and busy[r] - base[r].baseline > FLOOR * window[r]:
+                slow.append({"rank": r, "busy_ms": round(busy[r] / 1e6, 3),
+                             "median_busy_ms": round(base[r].baseline / 1e6, 3), "z": round(float(z), 2)})
     report["slow_workers"] = slow
     report["busy_ms"] = {str(r): round(float(v) / 1e6, 3) for r, v in busy.items()}
     report["causes"] = rank_causes(df, [s["rank"] for s in slow], ranks, world)
     if arrivals is not None and not arrivals.empty:
         report["collective_arrivals"] = straggler_from_arrivals(arrivals, world)
     report["abnormal_workers"] = sorted({s["rank"] for s in slow})
+    report["bottleneck_ratio_by_category"] = bottleneck_by_category(df, window)
     return report
 
 
@@ -290,8 +288,8 @@ def _python_causes(cands: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def straggler_from_arrivals(arrivals: pd.DataFrame, world: int) -> dict[str, Any]:
     """Match the k-th call of each collective across ranks; the last to arrive is the straggler.
 
-    Returns who arrives last most often, their mean lateness behind the median arrival, and the
-    what-if saving: sum over calls of (last arrival - second-to-last arrival) x world size.
+    Returns who arrives last most often, their mean lateness behind the median arrival, every
+    rank's mean lateness behind the median arrival (negative: early), and the what-if saving: sum over calls of (last arrival - second-to-last arrival) x world size.
     """
     a = arrivals.copy()
     n_ranks = a["rank"].nunique()
@@ -304,36 +302,21 @@ def straggler_from_arrivals(arrivals: pd.DataFrame, world: int) -> dict[str, Any
     counts = last_rows["rank"].value_counts()
     med = a.groupby(["name", "seq"])["start_ns"].median()
     late = (last_rows.set_index(["name", "seq"])["start_ns"] - med)
+    med_of = a.join(med.rename("med_ns"), on=["name", "seq"])
+    by_rank = (med_of["start_ns"] - med_of["med_ns"]).groupby(med_of["rank"]).mean()
     second = a.groupby(["name", "seq"])["start_ns"].apply(lambda s: s.nlargest(2).iloc[-1])
     saving = (last_rows.set_index(["name", "seq"])["start_ns"] - second).clip(lower=0)
     top_rank = int(counts.idxmax())
     return {"matched_calls": int(len(last_rows)), "last_arrival_counts": {str(k): int(v) for k, v in counts.items()},
             "straggler": top_rank, "straggler_share": round(float(counts.max() / len(last_rows)), 3),
             "mean_lateness_ms": round(float(late.mean()) / 1e6, 3),
+            "mean_lateness_ms_by_rank": {str(int(r)): round(float(v) / 1e6, 3) for r, v in by_rank.items()},
             "what_if_saving_rank_seconds": round(float(saving.sum()) * world / 1e9, 6)}
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    lines = [f"# rankscope report: job {report['job']} window {report['window_id']}", "",
-             f"ranks {report['ranks']} (world size {report['world_size']})"]
-    if report.get("missing_ranks"):
-        lines.append(f"**missing ranks: {report['missing_ranks']}** (no summary before the deadline)")
-    lines += ["", "## Slow workers"]
-    lines += [f"- rank {s['rank']}: busy {s['busy_ms']} ms vs median {s['median_busy_ms']} ms (z {s['z']})"
-              for s in report["slow_workers"]] or ["- none"]
-    lines += ["", "## Causes (by cost)"]
-    lines += [f"- rank {c['rank']} {c['category']} `{c['leaf']}`: +{c['excess_ms']} ms, {c['cost_rank_seconds']} rank-s"
-              for c in report["causes"]] or ["- none"]
-    for sec in ("gpu_compute", "gpu_memory_operations", "communication", "cuda_runtime", "python_functions",
-                "collective_arrivals"):
-        if sec in report:
-            lines += ["", f"## {sec}", "```json", _json(report[sec]), "```"]
-    if report["not_applicable"]:
-        lines += ["", "## Not applicable"] + [f"- {x}" for x in report["not_applicable"]]
-    return "\n".join(lines) + "\n"
-
-
-def _json(obj: Any) -> str:
-    import json
-
-    return json.dumps(obj, indent=2, default=str)[:20000]
+def bottleneck_by_category(df: pd.DataFrame, window: pd.Series) -> dict[str, float]:
+    """Per event category, the median over workers of (exclusive time of the category / window)."""
+    excl = df.groupby(["category", "rank"])["exclusive_ns"].sum().unstack(fill_value=0)
+    excl = excl.reindex(columns=window.index, fill_value=0).astype(float)
+    ratio = excl.div(window.to_numpy(), axis=1).median(axis=1)
+    return {str(c): round(float(v), 4) for c, v in ratio.sort_values(ascending=False).items()}

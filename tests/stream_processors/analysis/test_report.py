@@ -5,7 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from stream_processors.analysis.report import build_report, render_markdown, robust_z, straggler_from_arrivals
+from rankscope.report_view import render_markdown
+from stream_processors.analysis.outliers import peer_z
+from stream_processors.analysis.report import build_report, straggler_from_arrivals
 
 W = 100_000_000  # 100 ms window
 
@@ -35,7 +37,8 @@ def test_slow_worker_and_named_function_are_top_cause():
     assert rep["causes"][0]["leaf"] == "slow_extra_compute" and rep["causes"][0]["rank"] == 2
     assert rep["causes"][0]["cost_rank_seconds"] == pytest.approx(0.031 * 4)
     assert any("gpu_compute" in x for x in rep["not_applicable"])
-    assert "## Slow workers" in render_markdown(rep)
+    md = render_markdown(rep)
+    assert "## Slow workers" in md and "Rank 2 is slow" in md and "rank-seconds" in md
 
 
 def test_healthy_window_has_no_abnormal_worker():
@@ -58,11 +61,13 @@ def test_arrivals_name_the_last_rank():
     res = straggler_from_arrivals(pd.DataFrame(recs), world=4)
     assert res["straggler"] == 1 and res["straggler_share"] == 1.0 and res["matched_calls"] == 20
     assert res["what_if_saving_rank_seconds"] > 0
+    late = res["mean_lateness_ms_by_rank"]
+    assert late["1"] > 4 and all(abs(late[str(r)]) < 0.01 for r in (0, 2, 3))
 
 
-def test_robust_z_flags_one_outlier():
-    z = robust_z(pd.Series([1.0e6, 1.1e6, 0.9e6, 4.0e6]))
-    assert z.iloc[3] > 4 and abs(z.iloc[0]) < 2
+def test_peer_z_flags_one_outlier():
+    z = peer_z({0: 1.0e6, 1: 1.1e6, 2: 0.9e6, 3: 4.0e6})
+    assert z[3].z > 4 and abs(z[0].z) < 2 and z[3].baseline == 1.0e6
 
 
 def test_threads_and_own_frames_are_not_causes_and_deepest_path_wins():
