@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -90,14 +91,17 @@ def stack(fresh_topics: Settings, tmp_path: Path) -> Iterator[tuple[dict[str, Se
 def test_each_service_serves_metrics_and_its_counters_move(
         stack: tuple[dict[str, Settings], dict[str, Path]]) -> None:
     settings, logs = stack
-    urls = {name: services.metrics_url(s, name) for name, s in settings.items()}
-    assert all(urls.values()), urls
+    urls: dict[str, str] = {}
+    for name, s in settings.items():
+        url = services.metrics_url(s, name)
+        assert url is not None, name
+        urls[name] = url
     diag = lambda: "\n".join(f"--- {n}\n{tail(p, 40)}" for n, p in logs.items())  # noqa: E731
     steps_topic = Topic.STEPS.name_for(settings["processors"])
 
     first: dict[str, Samples] = {}
     for name, url in urls.items():
-        first[name] = wait_until(lambda url=url: scrape(url), DEADLINE_S, f"{name} to serve {url}\n{diag()}")
+        first[name] = wait_until(partial(scrape, url), DEADLINE_S, f"{name} to serve {url}\n{diag()}")
         assert total(first[name], "rankscope_service_info", service=name) == 1
         assert total(first[name], "rankscope_messages_consumed_total", topic=steps_topic) == 0
         assert total(first[name], "rankscope_dead_letters_total") == 0
@@ -130,7 +134,7 @@ def test_each_service_serves_metrics_and_its_counters_move(
             return None
         return now
 
-    after = {name: wait_until(lambda name=name: moved(name), DEADLINE_S, f"{name}'s counters to move\n{diag()}")
+    after = {name: wait_until(partial(moved, name), DEADLINE_S, f"{name}'s counters to move\n{diag()}")
              for name in urls}
 
     proc = after["processors"]
