@@ -11,9 +11,9 @@ Contract shared by all functions here:
 - Tables are ReplacingMergeTree, so "latest" values use ``argMax(..., version/time)`` or
   ``LIMIT 1 BY``; merges never need to have happened for the answers to be exact.
 - An empty result is an empty DataFrame with the documented columns.
-- The SQL console (:func:`run_readonly`) is the one place user-written SQL runs: checked by
-  :func:`check_readonly_sql`, then run with ``readonly=1`` and result/time limits on a session of
-  its own.
+- The SQL console (:func:`run_readonly`, from storage/readonly.py) is the one place here where
+  user-written SQL runs: checked by :func:`check_readonly_sql` (rankscope/sql_guard.py), then run
+  with ``readonly=1`` and result/time limits on a session of its own.
 
 No Streamlit here: the pages own caching and rendering.
 """
@@ -21,14 +21,22 @@ No Streamlit here: the pages own caching and rendering.
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from storage.store import Store, StoreError
+from rankscope.sql_guard import DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_S
+from rankscope.sql_guard import READONLY_STATEMENTS as READONLY_STATEMENTS
+from rankscope.sql_guard import SqlRefused as SqlRefused
+from rankscope.sql_guard import check_readonly_sql as check_readonly_sql
+from rankscope.sql_guard import readonly_settings as readonly_settings
+from storage.readonly import SqlResult as SqlResult
+from storage.readonly import _session
+from storage.readonly import run_readonly as run_readonly
+from storage.store import Store
+from storage.store import StoreError as StoreError
 
 #: Rank states, most severe first. ``derive_rank_states`` picks the first that applies.
 RANK_STATES = ("exited", "dead", "hung", "slow", "running")
@@ -824,104 +832,11 @@ def _sections(title: str, value: Any) -> list[ReportSection]:
 
 # SQL console ------------------------------------------------------------------------------------------
 
-CONSOLE_MAX_ROWS = 10_000
-CONSOLE_TIMEOUT_S = 10.0
-#: First keywords the console accepts: statements that only read.
-READONLY_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN")
-_LEADING_COMMENTS = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|#[^\n]*(?:\n|\Z)|/\*.*?\*/)*", re.S)
-_OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.I)
-
-
-class SqlRefused(ValueError):
-    """The console refused a statement before sending it (the message says why)."""
-
-
-def check_readonly_sql(sql: str) -> str:
-    """Return the one read-only statement in ``sql`` (leading comments and one trailing ';' removed).
-
-    Raises :class:`SqlRefused` unless it is a single statement starting with one of
-    :data:`READONLY_STATEMENTS`, with no ';' inside and no ``INTO OUTFILE`` (chDB writes files
-    from ``SELECT ... INTO OUTFILE`` even with ``readonly=1``). Strict on purpose: a ';' inside a
-    string literal is refused too.
-    """
-    text = _LEADING_COMMENTS.sub("", sql or "", count=1).rstrip()
-    if text.endswith(";"):
-        text = text[:-1].rstrip()
-    if not text:
-        raise SqlRefused("empty statement")
-    if ";" in text:
-        raise SqlRefused("one statement at a time: remove the ';' inside the query")
-    first = re.match(r"[A-Za-z]+", text)
-    word = first.group(0).upper() if first else text[:12]
-    if word not in READONLY_STATEMENTS:
-        raise SqlRefused(f"{word} is not allowed: the console is read-only "
-                         f"(statements must start with {', '.join(READONLY_STATEMENTS)})")
-    if _OUTFILE.search(text):
-        raise SqlRefused("INTO OUTFILE is not allowed: the console does not write files; use the CSV download")
-    return text
-
-
-def readonly_settings(max_rows: int = CONSOLE_MAX_ROWS, timeout_s: float = CONSOLE_TIMEOUT_S) -> dict[str, Any]:
-    """ClickHouse settings of a console query, ``readonly`` last (once set, no setting can change)."""
-    _check_positive("max_rows", max_rows)
-    _check_positive("timeout_s", timeout_s)
-    return {"max_result_rows": int(max_rows), "result_overflow_mode": "break",
-            "max_result_bytes": 256 * 1024 * 1024, "max_execution_time": float(timeout_s), "readonly": 1}
-
-
-@dataclass(frozen=True)
-class SqlResult:
-    """A console result: at most ``max_rows`` rows; ``truncated`` when ClickHouse had more."""
-
-    sql: str
-    frame: pd.DataFrame
-    truncated: bool
-    elapsed_s: float
-
-
-def run_readonly(store: Store, sql: str, max_rows: int = CONSOLE_MAX_ROWS,
-                 timeout_s: float = CONSOLE_TIMEOUT_S) -> SqlResult:
-    """Run one user-written statement read-only. Blocks up to about ``timeout_s``.
-
-    Raises :class:`SqlRefused` for anything :func:`check_readonly_sql` refuses, and StoreError when
-    ClickHouse refuses or fails (code 164 READONLY for writes, 159 TIMEOUT_EXCEEDED, syntax errors).
-
-    The statement runs on a client of its own, opened for the call, whose default database is the
-    store's (so unqualified table names work). With the embedded engine that client is a separate
-    chDB session and the settings of :func:`readonly_settings` are applied to it by ``SET``: the
-    shared client must never see them, because clickhouse-connect applies per-call settings to some
-    chDB calls by ``SET`` and restores them afterwards, and the restore fails once ``readonly=1`` is
-    on, which would leave the shared session (the sink's, in ``rankscope serve``) read-only for good.
-    Against a server the settings ride with the query.
-    """
-    stmt = check_readonly_sql(sql)
-    settings = readonly_settings(max_rows, timeout_s)
-    t0 = time.perf_counter()
-    ro = _console_client(store)
-    try:
-        if store.embedded:
-            for key, value in settings.items():
-                ro.command(f"SET {key} = {repr(value) if isinstance(value, str) else value}")
-            if str(ro.command("SELECT getSetting('readonly')")).strip() != "1":
-                raise StoreError("the console session did not turn readonly on; refusing to run the query")
-            df = ro.query_df(stmt)
-        else:
-            df = ro.query_df(stmt, settings=settings)
-    finally:
-        ro.close()
-    elapsed = time.perf_counter() - t0
-    truncated = len(df) > max_rows  # overflow mode 'break' stops at a block boundary past the limit
-    return SqlResult(stmt, df.head(max_rows) if truncated else df, truncated, round(elapsed, 3))
-
-
-def _console_client(store: Store) -> Store:
-    import clickhouse_connect
-
-    try:
-        client = clickhouse_connect.get_client(dsn=store.dsn, database=store.database)
-    except Exception as e:
-        raise StoreError(f"cannot open a console session: {type(e).__name__}: {e}") from e
-    return Store(client, store.dsn, database=store.database)
+# The guard and the read-only run live below the dashboard (rankscope/sql_guard.py, storage/readonly.py),
+# shared with ``rankscope sql`` and serve's query endpoint.
+CONSOLE_MAX_ROWS = DEFAULT_MAX_ROWS
+CONSOLE_TIMEOUT_S = DEFAULT_TIMEOUT_S
+_console_client = _session
 
 
 #: Saved console queries; ``{db}`` is the database name.
