@@ -95,7 +95,7 @@ class Tracer:
         self._in_startup = False             # defer_first_step(): the next step() ends step 0, unrecorded
         self._step_start_ns = self.clock.wall_ns()
         self._pending: list[tuple[int, int, int, int]] = []
-        self._recent = collections.deque(maxlen=32)
+        self._recent: collections.deque[int] = collections.deque(maxlen=32)
         self._comm = CommTimer()
         if install_collective_timing:
             install(self._comm)

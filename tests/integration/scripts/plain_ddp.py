@@ -16,6 +16,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
@@ -40,6 +41,7 @@ class StepFailed(RuntimeError):
     pass
 
 
+@record    # torchrun's error file; it re-raises, so the exception still reaches sys.excepthook
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=100)
