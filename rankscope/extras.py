@@ -27,7 +27,7 @@ class MissingExtra(RuntimeError):
         self.extras = extras
         self.missing = missing
         spec = f"rankscope[{','.join(extras)}]"
-        super().__init__(f"{what} needs {', '.join(missing)}, which is not installed: "
+        super().__init__(f"{what} needs {', '.join(missing)} (not installed): "
                          f"pip install '{spec}' (or 'rankscope[server]' for every server part)")
 
 

@@ -22,7 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("rankscope", "producers", "stream_processors", "storage", "dashboard", "benchmarks")
 # Every data file a package reads at run time, as globs in the repo.
 DATA_GLOBS = ("storage/*.sql", "storage/migrations/*", "rankscope/kafka/*",
-              "producers/native/*.cpp", "producers/native/*.h")
+              "producers/native/*.cpp", "producers/native/*.h", "dashboard/*/*.py")
+# The wheel declares these extras; the rank side (no extra) never pulls a server dependency.
+EXTRAS = {"gpu", "processors", "sink", "dashboard", "embedded", "server", "dev"}
+SERVER_ONLY = ("faust-streaming", "streamlit", "chdb", "clickhouse-connect", "pandas", "pyarrow")
 
 
 def _source_files() -> list[str]:
@@ -31,9 +34,8 @@ def _source_files() -> list[str]:
     return [f for f in out.splitlines() if (REPO / f).is_file()]
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("wheel")
+def build_wheel(tmp: Path) -> Path:
+    """Build the wheel from a copy of the tree's non-ignored files into ``tmp/dist``; return its path."""
     src = tmp / "src"
     for f in _source_files():
         (src / f).parent.mkdir(parents=True, exist_ok=True)
@@ -44,6 +46,40 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert res.returncode == 0, res.stdout + res.stderr
     (whl,) = (tmp / "dist").glob("rankscope-*.whl")
     return whl
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def _metadata(wheel: Path) -> list[tuple[str, str]]:
+    with zipfile.ZipFile(wheel) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = z.read(name).decode().splitlines()
+    return [(k, v.strip()) for k, _, v in (line.partition(":") for line in lines) if k in ("Requires-Dist", "Provides-Extra")]
+
+
+def test_wheel_declares_rank_side_only_and_server_extras(wheel: Path) -> None:
+    meta = _metadata(wheel)
+    assert {v for k, v in meta if k == "Provides-Extra"} == EXTRAS
+    requires = [v for k, v in meta if k == "Requires-Dist"]
+    base = sorted(r.split(">")[0].split("<")[0].split("=")[0].split("[")[0].strip().lower()
+                  for r in requires if "extra ==" not in r)
+    assert base == ["confluent-kafka", "msgpack", "numpy", "psutil"], base
+    assert not [r for r in requires if r.lower().startswith("torch")], requires  # the image's own torch
+    extra_of = {}
+    for r in requires:
+        if "extra ==" in r:
+            extra_of.setdefault(r.split("extra ==")[1].strip(" \"'"), []).append(r.lower())
+    for dist in SERVER_ONLY:
+        assert not [r for r in requires if r.lower().startswith(dist) and "extra ==" not in r], dist
+    assert any(r.startswith("faust-streaming") for r in extra_of["processors"])
+    assert any(r.startswith("streamlit") for r in extra_of["dashboard"])
+    assert any(r.startswith("chdb") for r in extra_of["embedded"])
+    assert any(r.startswith("nvidia-ml-py") for r in extra_of["gpu"])
+    assert any("processors" in r and "embedded" in r and "dashboard" in r and "sink" in r
+               for r in extra_of["server"]), extra_of["server"]
 
 
 def test_wheel_has_every_data_file(wheel: Path) -> None:
