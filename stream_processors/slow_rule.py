@@ -111,7 +111,7 @@ class SlowRule:
                 remaining = [r for r in cur["ranks"] if r not in gone]
                 why = f"rank{'s' if len(gone) > 1 else ''} {','.join(map(str, gone))} stopped stepping"
                 if not remaining:
-                    return mon._resolve("slow_rank", now_s, why)
+                    return self._resolve(mon, now_s, why)
                 return mon._open_or_update("slow_rank", now_s, remaining, cur["step"], f"{cur['summary']} ({why})",
                                            "warning", [], {**cur["details"], "left": gone},
                                            lost=self.lost_rank_seconds)
@@ -147,7 +147,7 @@ class SlowRule:
         self.costly_since_ns = {r: self.costly_since_ns[r] for r in self.enter_evals}
         self.leave_evals = {r: self.leave_evals.get(r, 0) for r in slow}
         if not slow:
-            return mon._resolve("slow_rank", now_s, "no rank holds the job back any more")
+            return self._resolve(mon, now_s, "no rank holds the job back any more")
         details = self._details(view, stats, horizon, slow, stepping, world, settings)
         worst = max(slow, key=lambda r: stats.get(r, (0.0, 0.0))[1])
         share, cost = stats.get(worst, (0.0, 0.0))
@@ -156,6 +156,12 @@ class SlowRule:
                    f"({details['horizon_s']:.0f} s), costing {cost:.1%} of the job's time")
         return mon._open_or_update("slow_rank", now_s, slow[:MAX_ALERT_RANKS], max(view.min_step, 0), summary,
                                    "warning", [], details, lost=self.lost_rank_seconds)
+
+    def _resolve(self, mon: JobMonitor, now_s: float, why: str) -> list[Alert]:
+        out = mon._resolve("slow_rank", now_s, why)
+        if out:
+            self.lost_rank_seconds = 0.0    # the next incident counts its own cost
+        return out
 
     @staticmethod
     def _details(view: JobView, stats: dict[int, tuple[float, float]], horizon: list[Step], slow: list[int],

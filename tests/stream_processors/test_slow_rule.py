@@ -181,6 +181,7 @@ def test_a_short_recovery_does_not_flap_and_the_end_of_the_slowdown_resolves_onc
     assert [(a.status, a.ranks) for a in slow_alerts if a.status != "update"] == [("open", [1]), ("resolved", [1])]
     assert len({a.alert_id for a in slow_alerts}) == 1
     assert "no rank holds the job back" in slow_alerts[-1].details["resolution"]
+    assert slow_alerts[-1].lost_rank_seconds > 0 and job.mon.monitor.slow.lost_rank_seconds == 0
 
 
 def test_shard_summaries_carry_bounded_valid_arrival_rows():
