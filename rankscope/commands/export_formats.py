@@ -1,0 +1,139 @@
+"""The formats of ``rankscope export`` that go back into other tools (``stream_processors/analysis/
+exporters.py``), beside its Chrome trace of a stored window:
+
+- ``--traces PATH...`` reads Kineto trace files instead of the store; ``--format kineto`` then
+  writes one Kineto JSON per rank (``<out>/rank-<r>.json.gz``, with ``ac2g`` launch -> kernel flows:
+  HTA, TensorBoard and ``rankscope analyze`` load them), ``chrome`` one merged Chrome/Perfetto
+  trace with the flows, ``folded`` / ``speedscope`` the Python call paths by self time;
+- for a stored window (``--job``, ``--window``), ``folded`` and ``speedscope`` come from its
+  function summaries (stored windows keep no correlation ids, so their Chrome trace has no flows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rankscope.config import Settings
+
+FORMATS = ("chrome", "kineto", "folded", "speedscope")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=FORMATS, default="chrome",
+                   help="chrome (default), kineto (per-rank Kineto JSON, with --traces), folded or speedscope "
+                        "(Python call paths by self time)")
+    p.add_argument("--traces", nargs="+", default=[], metavar="PATH",
+                   help="read these Kineto trace files or folders instead of the store")
+
+
+def _err(msg: str, rc: int) -> int:
+    print(f"rankscope export: error: {msg}", file=sys.stderr)
+    return rc
+
+
+def _write(out: str, data: bytes) -> int | None:
+    if out == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return None
+    try:
+        Path(out).write_bytes(data)
+    except OSError as e:
+        return _err(f"cannot write {out}: {e.strerror or e}", 2)
+    return None
+
+
+def _text(fmt: str, functions: Any, name: str) -> bytes:
+    from stream_processors.analysis.exporters import folded_stacks, speedscope
+
+    if fmt == "folded":
+        return folded_stacks(functions).encode()
+    return json.dumps(speedscope(functions, name=name)).encode()
+
+
+def run_format(args: argparse.Namespace, settings: Settings) -> int | None:
+    """Handle ``--traces`` and the formats other than a stored window's Chrome trace; None when the
+    request is that Chrome trace (``export.run`` does it). Exit codes as ``export.run``'s."""
+    if not args.traces:
+        if not args.job or not args.window:
+            return _err("--job and --window are required (or --traces PATH to export trace files)", 2)
+        if args.format == "chrome":
+            return None
+        if args.format == "kineto":
+            return _err("--format kineto needs --traces: stored windows keep no correlation ids", 2)
+        return _stored(args, settings)
+    return _from_traces(args)
+
+
+def _stored(args: argparse.Namespace, settings: Settings) -> int:
+    from dashboard import queries
+    from rankscope.commands.export import LOCKED_HINT, resolve_window
+    from storage.store import StoreError, StoreLocked, close_store, open_store
+
+    try:
+        store = open_store(settings.store_dsn)
+    except StoreLocked as e:
+        print(f"rankscope export: {e}\n{LOCKED_HINT}", file=sys.stderr)
+        return 1
+    except StoreError as e:
+        return _err(str(e), 1)
+    try:
+        window_id = resolve_window(store, args.job, args.window) or args.window
+        fn = queries.window_python_paths(store, args.job, window_id)
+    except StoreError as e:
+        return _err(str(e), 1)
+    finally:
+        close_store(settings.store_dsn)
+    if fn.empty:
+        return _err(f"no stored Python call paths for job {args.job!r} window {args.window!r}", 1)
+    out = args.output or f"{window_id}.{'folded' if args.format == 'folded' else 'speedscope.json'}"
+    rc = _write(out, _text(args.format, fn, f"{args.job} {window_id}"))
+    if rc is None and out != "-":
+        print(f"window {window_id} of job {args.job}: {fn['rank'].nunique()} ranks' call paths written to {out}")
+    return rc or 0
+
+
+def _from_traces(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from stream_processors.analysis.diagnosis import rank_summary
+    from stream_processors.analysis.exporters import kineto_trace, merged_chrome_trace
+    from stream_processors.analysis.kineto import load_traces
+    from stream_processors.analysis.summaries import summary_frames
+
+    try:
+        traces = load_traces(args.traces, extra_columns=True)
+    except (ValueError, OSError) as e:
+        return _err(str(e), 2)
+    if args.format == "kineto":
+        out_dir = Path(args.output or "kineto")
+        if args.output == "-":
+            return _err("--format kineto writes one file per rank: give -o FOLDER", 2)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for rank, t in traces.items():
+                doc = kineto_trace(t.events, t.metadata, t.time_unit)
+                (out_dir / f"rank-{rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
+        except OSError as e:
+            return _err(f"cannot write {out_dir}: {e.strerror or e}", 2)
+        print(f"{len(traces)} Kineto traces written to {out_dir}/rank-<r>.json.gz")
+        return 0
+    if args.format == "chrome":
+        data = json.dumps(merged_chrome_trace({r: t.events for r, t in traces.items()})).encode()
+        out = args.output or "merged.trace.json"
+    else:
+        try:
+            fn = pd.concat([summary_frames(r, rank_summary(t))[0] for r, t in traces.items()], ignore_index=True)
+        except ValueError as e:
+            return _err(str(e), 2)
+        data = _text(args.format, fn, "rankscope export")
+        out = args.output or ("stacks.folded" if args.format == "folded" else "profile.speedscope.json")
+    rc = _write(out, data)
+    if rc is None and out != "-":
+        print(f"{len(traces)} ranks written to {out}")
+    return rc or 0
