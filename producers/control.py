@@ -126,7 +126,7 @@ class ControlListener:
                 break
             except Exception:
                 c.poll(0)  # serves the error callback
-                if self._rejected or attempt == 19:
+                if self._rejected or self._stop.is_set() or attempt == 19:
                     c.close()
                     raise
         parts = md.topics[self.topic].partitions if self.topic in md.topics else {}
