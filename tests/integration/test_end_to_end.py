@@ -88,12 +88,16 @@ def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]
                                and a.step >= 799, 240, "hang", diag)
         assert hang.ranks == [3], hang.summary
         assert hang.step == 799
+        # Every rank's stack arrives with its next heartbeat; the incident is updated as they come.
+        hang = reader.wait_for(lambda a: a.alert_id == hang.alert_id and a.status in ("open", "update")
+                               and sorted(r for g in a.stack_groups for r in g.ranks) == [0, 1, 2, 3],
+                               120, "hang with every rank's stack", diag)
+        assert hang.ranks == [3], hang.summary
         culprit_groups = [g for g in hang.stack_groups if 3 in g.ranks]
         assert culprit_groups and any("hang_forever" in f for f in culprit_groups[0].frames)
         assert not culprit_groups[0].waiting_in_collective
         waiting = [g for g in hang.stack_groups if 3 not in g.ranks]
         assert waiting and all(g.waiting_in_collective for g in waiting)
-        assert sorted(r for g in hang.stack_groups for r in g.ranks) == [0, 1, 2, 3]
     finally:
         stop_process(proc)
         reader.close()
