@@ -43,6 +43,9 @@ def up(args: argparse.Namespace, settings: Settings) -> int:
     extras.require("rankscope up", "processors", "dashboard", *extras.store_extras(settings.embedded_store))
     from rankscope.admin import ensure_topics
     from rankscope.broker import ensure_broker
+    from storage.serve import check_bind
+
+    check_bind(settings)  # before starting anything: serve would refuse, and be restarted, forever
 
     bootstrap = ensure_broker(settings, timeout_s=args.timeout)
     ensure_topics(settings, timeout_s=60)
