@@ -11,7 +11,8 @@ Order matters (see FACTS.md "Embedded mode in one process"):
 2. export every setting as ``RANKSCOPE_*`` into ``os.environ`` so that pages, which build their
    settings with ``Settings.from_env()``, get identical settings;
 3. open the store (raises StoreLocked while another process holds the directory);
-4. start the sink thread;
+4. start the sink thread and, in embedded mode, the loopback query endpoint
+   (``storage/query_endpoint.py``: ``rankscope sql`` and ``rankscope export`` read through it);
 5. run Streamlit in the main thread (``bootstrap.run`` blocks; SIGINT/SIGTERM stop it), then stop the
    sink, which writes and commits its open batch, and close the store.
 """
@@ -185,6 +186,7 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
 
     start_metrics(settings, "serve")
     sink = SinkThread(settings, store, clock).start() if with_sink else None
+    endpoint = _start_query_endpoint(settings, store)
     opts = streamlit_options(settings)
     log.info("dashboard on http://%s:%d (store %s, sink %s, password %s)", settings.dashboard_host,
              settings.dashboard_port, settings.store_dsn_redacted, "on" if sink else "off",
@@ -193,10 +195,21 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
         bootstrap.load_config_options(opts)
         bootstrap.run(str(script), False, [], opts)
     finally:
+        if endpoint is not None:
+            endpoint.stop()
         if sink is not None:
             sink.stop()
         close_store(settings.store_dsn)
     return 0
+
+
+def _start_query_endpoint(settings: Settings, store: Any) -> Any:
+    """In embedded mode, serve's loopback query endpoint (``rankscope sql``/``export`` use it); else None."""
+    if not store.embedded:
+        return None
+    from storage.query_endpoint import QueryEndpoint
+
+    return QueryEndpoint(store, settings.data_dir).start()
 
 
 def run_sink(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> int:

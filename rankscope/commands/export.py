@@ -2,7 +2,9 @@
 Perfetto trace (the dashboard's "Trace windows" download, from the command line).
 
 Reads the window's ``trace_events`` from the store (``dashboard/queries.py``) and writes
-``dashboard/export.py``'s JSON. ``--window`` is a window id or a request id (prefix): the newest
+``dashboard/export.py``'s JSON. While ``rankscope serve`` (or ``up``) holds the embedded store, the
+reads go through serve's loopback query endpoint (``storage/query_endpoint.py``); a ClickHouse
+server DSN is read directly. ``--window`` is a window id or a request id (prefix): the newest
 matching window is taken. Exit status: 0 written; 1 store unavailable or no such window;
 2 bad arguments or unwritable output.
 """
@@ -13,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rankscope.commands import export_formats
 from rankscope.config import Settings
 
 
@@ -20,17 +23,19 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("export", parents=[common], help="write a stored trace window as a Chrome/Perfetto trace",
                        description="Export the events of one stored trace window to a Chrome trace JSON file "
                                    "that opens in https://ui.perfetto.dev or chrome://tracing.")
-    p.add_argument("--job", required=True)
-    p.add_argument("--window", required=True, help="window id, or a request id prefix (newest match)")
+    p.add_argument("--job", default="", help="job of the stored window")
+    p.add_argument("--window", default="", help="window id, or a request id prefix (newest match)")
     p.add_argument("--ranks", default="", help="only these ranks, e.g. 0-3,8 (default: all)")
     p.add_argument("--limit", type=int, default=0, help="at most this many events (default: the dashboard's cap)")
     p.add_argument("--output", "-o", default="", metavar="FILE",
                    help="output file (default: <window>.trace.json; '-' for stdout)")
+    export_formats.add_arguments(p)     # --format kineto|folded|speedscope, --traces PATH
     p.set_defaults(func=run)
 
 
-LOCKED_HINT = ("hint: the embedded store allows one process at a time; stop `rankscope serve` (or `rankscope up`) "
-               "first, or download the window from the dashboard's Trace windows page (Export button), "
+LOCKED_HINT = ("hint: the embedded store allows one process at a time, and the one holding it answers no queries "
+               "(`rankscope serve` and `up` do; `rankscope sink` alone does not): stop `rankscope serve` or the "
+               "sink and retry, or download the window from the dashboard's Trace windows page (Export button), "
                "or point --clickhouse-dsn at a ClickHouse server.")
 
 
@@ -53,6 +58,10 @@ def resolve_window(store: object, job: str, window: str) -> str | None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from rankscope.trace_request import parse_ranks
 
+    rc = export_formats.run_format(args, settings)
+    if rc is not None:
+        return rc
+
     try:
         ranks = parse_ranks(args.ranks)
     except ValueError as e:
@@ -61,11 +70,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return _err(f"--limit must be >= 0, got {args.limit}", 2)
 
     from dashboard import export, queries
-    from storage.store import StoreError, StoreLocked, close_store, open_store
+    from storage.query_endpoint import open_read_store
+    from storage.store import StoreError, StoreLocked
 
-    dsn = settings.store_dsn
     try:
-        store = open_store(dsn)
+        store, release = open_read_store(settings.store_dsn, settings.data_dir)
     except StoreLocked as e:
         print(f"rankscope export: {e}\n{LOCKED_HINT}", file=sys.stderr)
         return 1
@@ -78,7 +87,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except StoreError as e:
         return _err(str(e), 1)
     finally:
-        close_store(dsn)
+        release()
     if events.empty:
         return _err(f"no stored trace events for job {args.job!r} window {args.window!r}"
                     + (f" ranks {ranks}" if ranks is not None else "")
