@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from browser import launch_browser, screenshot, wait_for_text
 
-pytestmark = pytest.mark.browser
+from dashboard.login import password_ok
+from rankscope.config import ConfigError, Settings
+from storage.serve import check_bind, streamlit_options
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "correct horse battery staple"
@@ -36,6 +38,29 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
                 "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                 "PYTHONUNBUFFERED": "1", **extra})
     return env
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"])
+def test_loopback_binds_need_no_password(host: str) -> None:
+    settings = Settings(dashboard_host=host)
+    check_bind(settings)
+    assert streamlit_options(settings)["server_address"] == host
+    assert streamlit_options(settings).get("server_enableAgentApi") is True
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_other_binds_need_a_password(host: str) -> None:
+    with pytest.raises(ConfigError, match="RANKSCOPE_DASHBOARD_PASSWORD"):
+        check_bind(Settings(dashboard_host=host))
+    settings = Settings(dashboard_host=host, dashboard_password="pw")
+    check_bind(settings)
+    assert streamlit_options(settings).get("server_enableAgentApi") is False
+    assert "pw" not in repr(settings)
+
+
+def test_password_comparison() -> None:
+    assert password_ok("pässword", "pässword")
+    assert not password_ok("password", "pässword") and not password_ok("", "x")
 
 
 def test_non_loopback_bind_without_password_refuses_to_start(tmp_path: Path) -> None:
@@ -85,6 +110,7 @@ def protected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert "0.0.0.0" in text and "password required" in text, text[-3000:]
 
 
+@pytest.mark.browser
 def test_password_gate_in_browser(protected: str) -> None:
     with launch_browser() as page:
         page.goto(protected + "/job?job=anything")  # a deep link is gated too
