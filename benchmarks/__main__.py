@@ -8,12 +8,20 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import collector, dashboard_queries, detection, offline_vs_hta, scale, tracer_overhead
+from benchmarks import (
+    capacity,
+    collector,
+    dashboard_queries,
+    detection,
+    offline_vs_hta,
+    scale,
+    tracer_overhead,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCHES = {"detection": detection.run, "tracer_overhead": tracer_overhead.run,
            "collector": collector.run, "dashboard_queries": dashboard_queries.run,
-           "offline_vs_hta": offline_vs_hta.run, "scale": scale.run}
+           "offline_vs_hta": offline_vs_hta.run, "scale": scale.run, "capacity": capacity.run}
 
 
 def main(argv: list[str] | None = None) -> int:

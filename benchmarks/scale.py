@@ -22,8 +22,8 @@ Measured:
   message). p50/p99 over every (second, partition) sample while the generator runs. The processors'
   groups are found by their id (it starts with the faust app id, ``app_id()``): the one that holds
   the steps topic gives "processors" lag; where a second stage consumes the shards topic, its lag is
-  reported as "processors_stage2". A group that commits every few seconds (faust: ~2.8 s) has a lag
-  floor of that much even when it keeps up;
+  reported as "processors_stage2". A group has a lag floor of its commit interval even when it keeps
+  up (stage one commits every 0.25 s, the faust stage every 0.5 s);
 - hang alert latency past the threshold: the alert's receive time (read from the alerts topic)
   minus (the culprit's last step end + ``hang_min_s``), and whether it names the culprit;
 - whether the slow and the dead rank are named, and false alerts (any alert of a kind not

@@ -77,6 +77,7 @@ def violations() -> list[str]:
 
 
 def test_the_layers_import_only_downwards():
+    assert len(source_files()) > 100          # the scan sees the code it checks
     assert violations() == []
 
 
