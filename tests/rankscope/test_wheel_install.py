@@ -86,12 +86,14 @@ def test_rank_side_tracer_sends_to_the_real_broker(rank_venv: Path, fresh_topics
                                                    tmp_path: Path) -> None:
     job = f"wheel-{uuid.uuid4().hex[:8]}"
     script = textwrap.dedent("""
-        import rankscope, sys
+        import importlib.util, rankscope, sys, time
         from rankscope import Tracer
         print("rankscope from", rankscope.__file__)
+        print("pynvml installed:", importlib.util.find_spec("pynvml") is not None)
         tracer = Tracer(install_collective_timing=False, handle_signals=False)
         for _ in range(5):
             tracer.step()
+        time.sleep(1.5)  # the hardware sampler takes host samples (no NVML without the gpu extra)
         tracer.close()
         print("torch imported:", "torch" in sys.modules)
     """)
@@ -102,17 +104,20 @@ def test_rank_side_tracer_sends_to_the_real_broker(rank_venv: Path, fresh_topics
                          text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"rankscope from {rank_venv.parent}" in res.stdout, res.stdout
-    assert "torch imported: False" in res.stdout
-    reader = TopicReader(fresh_topics, Topic.STEPS)
+    assert "torch imported: False" in res.stdout and "pynvml installed: False" in res.stdout, res.stdout
+    readers = [TopicReader(fresh_topics, Topic.STEPS), TopicReader(fresh_topics, Topic.HW)]
     try:
         def arrived() -> set[str]:
-            reader.poll(0.5)
-            kinds = {e.kind for e in map(decode, reader.values) if e.job == job}
-            return kinds if {"beat", "exit"} <= kinds else set()
+            kinds = set()
+            for reader in readers:
+                reader.poll(0.5)
+                kinds |= {e.kind for e in map(decode, reader.values) if e.job == job}
+            return kinds if {"beat", "exit", "hw"} <= kinds else set()
 
-        wait_until(arrived, 60, f"the step records and the exit record of {job}")
+        wait_until(arrived, 60, f"the step records, host samples and the exit record of {job}")
     finally:
-        reader.close()
+        for reader in readers:
+            reader.close()
 
 
 @pytest.mark.parametrize(("command", "extra"), [("processors", "rankscope[processors]"),
