@@ -20,9 +20,8 @@ from rankscope.topics import Topic
 from rankscope.trace_request import MODE_LABELS, MODES, TraceRequest, encode_request, parse_ranks, plan
 
 ACK_WAIT_S = 5.0
-WindowRequest = TraceRequest   # the name the Traces page and its tests use
 
-__all__ = ["ACK_WAIT_S", "MODES", "MODE_LABELS", "Ack", "TraceRequest", "WindowRequest", "parse_ranks",
+__all__ = ["ACK_WAIT_S", "MODES", "MODE_LABELS", "Ack", "TraceRequest", "parse_ranks",
            "request_window"]
 
 

@@ -42,7 +42,7 @@ from producers.trace_window import WindowController
 from producers.transport import Transport
 from producers.untraced import leave_profiler
 from rankscope.clock import SYSTEM_CLOCK, Clock
-from rankscope.config import Settings
+from rankscope.config import Settings, unknown_env
 from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
@@ -65,6 +65,9 @@ class Tracer:
 
     def _init(self, settings: Settings | None, clock: Clock | None, transport: Any,
               install_collective_timing: bool, handle_signals: bool, overrides: dict[str, Any]) -> None:
+        if settings is None:
+            for warning in unknown_env():
+                log.warning("rankscope: %s", warning)
         self.settings = settings or Settings.from_env(**overrides)
         self.clock = clock or SYSTEM_CLOCK
         self.identity: RankIdentity = resolve_identity(self.settings)

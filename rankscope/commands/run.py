@@ -14,6 +14,7 @@ import shlex
 import sys
 
 from rankscope.config import ConfigError, Settings
+from rankscope.logs import SECRET_NAME
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -55,7 +56,10 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         defaults = Settings().to_env()
         changed = {k for k, v in settings.to_env().items() if defaults.get(k) != v}
         for key in sorted(changed | {"PYTHONPATH", "RANKSCOPE_ATTACH"}):
-            print(f"export {key}={shlex.quote(env[key])}")
+            if SECRET_NAME.search(key):   # never printed: the launcher passes on the caller's value
+                print(f'export {key}="${{{key}}}"')
+            else:
+                print(f"export {key}={shlex.quote(env[key])}")
         return 0
     command = list(args.command_line)
     if command and command[0] == "--":

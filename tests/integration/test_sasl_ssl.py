@@ -134,7 +134,7 @@ def test_a_rank_the_sink_the_cli_and_the_dashboard_work_over_sasl_ssl(
         acks: list[control.Ack] = []
 
         def answered() -> bool:
-            acks.extend(control.request_window(s, control.WindowRequest(job=job, stop=True), wait_s=3,
+            acks.extend(control.request_window(s, control.TraceRequest(job=job, stop=True), wait_s=3,
                                                expect_ranks=[0]))
             return any(a.rank == 0 for a in acks)
 

@@ -63,3 +63,19 @@ def _describe(tids: set[int]) -> list[str]:
             comm = "?"
         out.append(f"{tid} {names.get(tid, comm)}")
     return out
+
+
+def test_a_misspelled_setting_is_warned_about_on_the_rank(monkeypatch, caplog) -> None:
+    import logging
+
+    from producers.tracer import Tracer
+
+    monkeypatch.setenv("RANKSCOPE_HEARTBEAT_SS", "2")
+    monkeypatch.setenv("RANKSCOPE_CONTROL_ENABLED", "false")
+    monkeypatch.setenv("RANKSCOPE_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("RANKSCOPE_HW_SAMPLE_S", "0")
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        tracer = Tracer(handle_signals=False, install_collective_timing=False)
+        tracer.close()
+    assert any("RANKSCOPE_HEARTBEAT_SS is not a rankscope setting" in r.getMessage()
+               and "RANKSCOPE_HEARTBEAT_S" in r.getMessage() for r in caplog.records), caplog.text

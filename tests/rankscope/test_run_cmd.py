@@ -39,3 +39,10 @@ def test_errors_are_reported_with_an_exit_status() -> None:
     assert bad.returncode == 2 and "step_marker must be" in bad.stderr
     missing = rankscope("run", "--", "/nonexistent/launcher")
     assert missing.returncode == 127 and "cannot run" in missing.stderr
+
+
+def test_print_env_never_prints_a_secret() -> None:
+    out = rankscope("run", "--print-env", RANKSCOPE_KAFKA_SASL_PASSWORD="hunter2-secret")
+    assert out.returncode == 0, out.stderr
+    assert "hunter2-secret" not in out.stdout + out.stderr
+    assert 'export RANKSCOPE_KAFKA_SASL_PASSWORD="${RANKSCOPE_KAFKA_SASL_PASSWORD}"' in out.stdout.splitlines()
