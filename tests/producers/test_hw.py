@@ -19,7 +19,8 @@ from producers.identity import RankIdentity
 from producers.tracer import Tracer
 from rankscope.config import ConfigError, Settings
 from rankscope.wire import Envelope, decode, encode
-from storage.sink import TABLE_COLUMNS, Columns, hw_columns
+from storage.columns import TABLE_COLUMNS, Columns
+from storage.rows import hw_columns
 
 GIB = 2**30
 

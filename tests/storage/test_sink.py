@@ -20,18 +20,9 @@ from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, decode, encode
-from storage.sink import (
-    TABLE_COLUMNS,
-    Columns,
-    InvalidMessage,
-    RetryPolicy,
-    Sink,
-    hw_columns,
-    merge_rank,
-    steps_columns,
-    summary_columns,
-    trace_columns,
-)
+from storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
+from storage.rows import hw_columns, merge_rank, steps_columns, summary_columns, trace_columns
+from storage.sink import RetryPolicy, Sink
 from storage.store import Store, StoreError, close_store, open_store
 
 DEADLINE_S = 60.0

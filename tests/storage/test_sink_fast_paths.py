@@ -7,15 +7,8 @@ from typing import Any
 import pytest
 
 from rankscope.wire import Envelope
-from storage.sink import (
-    TABLE_COLUMNS,
-    Columns,
-    InvalidMessage,
-    _hw_columns_checked,
-    hw_columns,
-    stats_rows,
-    stats_tuples,
-)
+from storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
+from storage.rows import hw_columns, hw_columns_checked, stats_rows, stats_tuples
 
 
 def _env(kind: str, body: dict[str, Any]) -> Envelope:
@@ -33,7 +26,7 @@ def test_hw_fast_path_matches_checked(metrics: dict[str, Any]) -> None:
     body = {"ts_ns": [1, 2], "device": [0, 1], "metrics": metrics}
     fast, checked = Columns(TABLE_COLUMNS["hw_samples"]), Columns(TABLE_COLUMNS["hw_samples"])
     errors = []
-    for fn, cols in ((hw_columns, fast), (_hw_columns_checked, checked)):
+    for fn, cols in ((hw_columns, fast), (hw_columns_checked, checked)):
         try:
             fn(_env("hw", body), cols)
             errors.append(None)

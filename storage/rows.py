@@ -1,0 +1,432 @@
+"""Messages to rows: pure functions from one decoded message to the rows of the store's tables.
+
+Each validates what :func:`rankscope.wire.decode` leaves unchecked (value ranges, the shapes inside
+a body) and raises :class:`~storage.columns.InvalidMessage` before it appends anything. No Kafka
+and no store here (storage/convert.py applies them to a batch, storage/sink.py consumes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rankscope.alerts import Alert
+from rankscope.call_paths import expand_call_paths
+from rankscope.deadletter import DeadLetter
+from rankscope.packed import unpack_int_columns
+from rankscope.wire import Envelope
+from storage.columns import (
+    HI,
+    HI32,
+    I32,
+    I64,
+    LO,
+    LO32,
+    TABLE_COLUMNS,
+    U32,
+    Columns,
+    InvalidMessage,
+    check_range,
+    float_field,
+    int_field,
+    str_field,
+)
+
+
+def steps_columns(env: Envelope, out: Columns) -> int:
+    """Append the step records of a ``steps`` envelope. Returns the highest step (-1 if none)."""
+    b = env.body
+    steps, starts, ends, comms = b["step"], b["start_ns"], b["end_ns"], b["comm_ns"]
+    n = len(steps)
+    if not n:
+        return -1
+    if n == 1:   # the usual v2 beat: one record; decode() checked the types, only the ranges are left
+        st, a, e, c = steps[0], starts[0], ends[0], comms[0]
+        d = e - a
+        if (LO <= st <= HI and LO <= a <= HI and LO <= e <= HI and LO <= c <= HI
+                and LO <= d <= HI):
+            out.add_tuple((env.job, env.rank, st, a, e, d, c, d - c if d > c else 0, env.host, env.pid, env.seq))
+            return st
+    for name, col in (("step", steps), ("start_ns", starts), ("end_ns", ends), ("comm_ns", comms)):
+        check_range(col, f"steps.{name}")
+    durations = [e - s for s, e in zip(starts, ends, strict=True)]
+    check_range(durations, "steps.end_ns-start_ns")
+    busy = [d - c if d > c else 0 for d, c in zip(durations, comms, strict=True)]
+    out.extend(n, job=env.job, rank=env.rank, step=steps, start_ns=starts, end_ns=ends, duration_ns=durations,
+               comm_ns=comms, busy_ns=busy, host=env.host, pid=env.pid, seq=env.seq)
+    return max(steps)
+
+
+def heartbeat_row(env: Envelope) -> dict[str, Any]:
+    b = env.body
+    stacks = b["stacks"]
+    return {"job": env.job, "rank": env.rank, "ts_ns": env.sent_ns, "step": int_field(b["step"], "heartbeat.step"),
+            "since_step_s": float_field(b["since_step_s"], "heartbeat.since_step_s"),
+            "dropped": int_field(b["dropped"], "heartbeat.dropped"), "host": env.host, "pid": env.pid,
+            "seq": env.seq, "stacks": "" if stacks is None else json.dumps(stacks, separators=(",", ":"))}
+
+
+def flight_row(env: Envelope) -> dict[str, Any]:
+    b = env.body
+    steps = [_int_list(r, "flight.steps[]", len(r) if isinstance(r, list) else -1) for r in b["steps"]]
+    stacks = b["stacks"]
+    return {"job": env.job, "rank": env.rank, "ts_ns": env.sent_ns, "request_id": str(b.get("request_id", "")),
+            "reason": b["reason"], "host": env.host, "pid": env.pid, "steps": json.dumps(steps, separators=(",", ":")),
+            "stacks": "" if stacks is None else json.dumps(stacks, separators=(",", ":"))}
+
+
+STATS_FIELDS: dict[str, Callable[[Any, str], Any]] = {
+    "rank": lambda v, n: int_field(v, n, I32), "ts_ns": int_field, "step": int_field,
+    "window_steps": lambda v, n: int_field(v, n, I32), "median_step_ns": int_field, "p95_step_ns": int_field,
+    "median_busy_ns": int_field, "median_comm_ns": int_field, "busy_z": float_field, "state": str_field,
+}
+
+
+def stats_tuples(env: Envelope) -> list[tuple[Any, ...]]:
+    """The ``worker_stats`` rows of a ``stats`` message as tuples in column order. Raises
+    InvalidMessage (via :func:`stats_rows`) exactly as that does; the whole message or nothing."""
+    job = env.job
+    rows: list[tuple[Any, ...]] = []
+    for entry in env.body["ranks"]:
+        if type(entry) is not dict:
+            break
+        try:
+            r, ts, st, ws = entry["rank"], entry["ts_ns"], entry["step"], entry["window_steps"]
+            med, p95, mb, mc = entry["median_step_ns"], entry["p95_step_ns"], entry["median_busy_ns"], entry["median_comm_ns"]
+            bz, state = entry["busy_z"], entry["state"]
+        except KeyError:
+            break
+        tz = type(bz)
+        if not (type(r) is int and LO32 <= r <= HI32 and type(ts) is int and LO <= ts <= HI
+                and type(st) is int and LO <= st <= HI and type(ws) is int and LO32 <= ws <= HI32
+                and type(med) is int and LO <= med <= HI and type(p95) is int and LO <= p95 <= HI
+                and type(mb) is int and LO <= mb <= HI and type(mc) is int and LO <= mc <= HI
+                and (tz is float or tz is int) and type(state) is str):
+            break
+        rows.append((job, r, ts, st, ws, med, p95, mb, mc, float(bz), state))
+    else:
+        return rows
+    names = TABLE_COLUMNS["worker_stats"]
+    return [tuple([row[c] for c in names]) for row in stats_rows(env)]
+
+
+def stats_rows(env: Envelope) -> list[dict[str, Any]]:
+    rows = []
+    for i, entry in enumerate(env.body["ranks"]):
+        if not isinstance(entry, dict):
+            raise InvalidMessage("bad_body", f"stats.ranks[{i}] is {type(entry).__name__}")
+        row: dict[str, Any] = {"job": env.job}
+        for name, conv in STATS_FIELDS.items():
+            if name not in entry:
+                raise InvalidMessage("bad_body", f"stats.ranks[{i}].{name} missing")
+            row[name] = conv(entry[name], f"stats.ranks[{i}].{name}")
+        rows.append(row)
+    return rows
+
+
+def hw_columns(env: Envelope, out: Columns) -> None:
+    """Columnar samples -> long format, one row per (sample, metric); None values are skipped."""
+    rows = hw_rows_fast(env)
+    if rows is None:   # something the fast path does not take: the checked path stores or rejects it
+        hw_columns_checked(env, out)
+    else:
+        out.add_tuples(rows)
+
+
+def hw_rows_fast(env: Envelope) -> list[tuple[Any, ...]] | None:
+    """The ``hw_samples`` rows of a well-formed ``hw`` message, or None if anything needs a closer look
+    (:func:`hw_columns_checked` then gives the exact rows or the exact error). Appends nothing."""
+    b = env.body
+    ts, devices, metrics = b["ts_ns"], b["device"], b["metrics"]
+    n = len(ts)
+    if len(devices) != n:
+        return None
+    for t in ts:
+        if type(t) is not int or not LO <= t <= HI:
+            return None
+    for d in devices:
+        if type(d) is not int or not LO32 <= d <= HI32:
+            return None
+    job, rank, host = env.job, env.rank, env.host
+    rows: list[tuple[Any, ...]] = []
+    append = rows.append
+    for name, values in metrics.items():
+        if type(name) is not str or type(values) is not list or len(values) != n:
+            return None
+        for t, d, v in zip(ts, devices, values, strict=False):   # all n long (checked above)
+            tv = type(v)
+            if tv is float:
+                append((job, rank, host, d, t, name, v))
+            elif v is None:
+                continue
+            elif tv is int:
+                append((job, rank, host, d, t, name, float(v)))
+            else:
+                return None
+    return rows
+
+
+def hw_columns_checked(env: Envelope, out: Columns) -> None:
+    b = env.body
+    ts, devices, metrics = b["ts_ns"], b["device"], b["metrics"]
+    n = len(ts)
+    if len(devices) != n:
+        raise InvalidMessage("bad_body", f"hw.device has {len(devices)} values, ts_ns has {n}")
+    ts = [int_field(t, "hw.ts_ns") for t in ts]
+    devices = [int_field(d, "hw.device", I32) for d in devices]
+    for name, values in metrics.items():
+        if not isinstance(name, str) or not isinstance(values, list) or len(values) != n:
+            raise InvalidMessage("bad_body", f"hw.metrics[{name!r}] must be a list of {n} values")
+        for t, d, v in zip(ts, devices, values, strict=True):
+            if v is not None:
+                out.add_row(job=env.job, rank=env.rank, host=env.host, device=d, ts_ns=t, metric=name,
+                            value=float_field(v, f"hw.metrics[{name!r}]"))
+
+
+TRACE_INT_COLUMNS = ("category", "name", "start_delta_ns", "dur_ns", "device", "stream", "step", "bytes", "path")
+_TRACE_I32 = frozenset({"device", "stream"})
+
+
+def _int_list(values: Any, name: str, n: int, bounds: tuple[int, int] = I64) -> list[int]:
+    if not isinstance(values, list) or len(values) != n:
+        raise InvalidMessage("bad_body", f"{name} must be a list of {n} values")
+    if not all(type(v) is int for v in values):
+        raise InvalidMessage("bad_body", f"{name} holds a non-integer")
+    check_range(values, name, bounds)
+    return values
+
+
+def _str_list(values: Any, name: str) -> list[str]:
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise InvalidMessage("bad_body", f"{name} must be a list of strings")
+    return values
+
+
+def _attr_map(a: Any, name: str) -> dict[str, str]:
+    if a is None:
+        return {}
+    if not isinstance(a, dict):
+        raise InvalidMessage("bad_body", f"{name} is {type(a).__name__}, expected map or nil")
+    return {str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":")) for k, v in a.items()}
+
+
+def _trace_attrs(b: dict[str, Any], n: int) -> list[dict[str, str]]:
+    """Per-row attrs maps: ``[[row, map], ...]`` (packed chunks) or a list of n maps/nils (list form)."""
+    attrs_in = b["events"].get("attrs", [])
+    if not isinstance(attrs_in, list):
+        raise InvalidMessage("bad_body", "trace.events.attrs must be a list")
+    if "column_types" not in b:
+        if len(attrs_in) != n:
+            raise InvalidMessage("bad_body", f"trace.events.attrs must be a list of {n} values")
+        return [_attr_map(a, "trace.events.attrs[]") for a in attrs_in]
+    out: list[dict[str, str]] = [{} for _ in range(n)]
+    for item in attrs_in:
+        if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int and 0 <= item[0] < n):
+            raise InvalidMessage("bad_body", "trace.events.attrs entries must be [row, map] with a row in the chunk")
+        out[item[0]] = _attr_map(item[1], "trace.events.attrs[]")
+    return out
+
+
+def trace_columns(env: Envelope, out: Columns) -> int:
+    """A ``trace`` chunk (producers/trace_events.py ``chunk``) -> ``trace_events`` rows. Returns the row count.
+
+    Each chunk is self-contained: its own ``categories``, ``names``, ``paths`` and ``tids`` tables.
+    Integer columns are packed bytes typed by ``column_types`` (rankscope/packed.py), or int lists.
+    Times: ``start_ns = t0_ns + cumulative sum of start_delta_ns``. Names: ``names[name]``, except python
+    events, named by their call path ``"root;...;leaf"`` resolved through ``paths`` ([parent, name]).
+    ``attrs`` maps become ``Map(String, String)`` (non-string values as compact JSON). The chunk is
+    validated whole before any row is appended, so a bad chunk adds nothing.
+    """
+    b = env.body
+    window_id = str_field(b["window_id"], "trace.window_id")
+    ev = b["events"]
+    cats = _str_list(b.get("categories"), "trace.categories")
+    names = _str_list(b.get("names"), "trace.names")
+    paths = b.get("paths", [])
+    if not isinstance(paths, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p) for p in paths):
+        raise InvalidMessage("bad_body", "trace.paths must be a list of [parent, name] pairs")
+    try:
+        n, cols = unpack_int_columns(ev, b.get("column_types"), TRACE_INT_COLUMNS)
+    except ValueError as e:
+        raise InvalidMessage("bad_body", f"trace.events.{e}") from None
+    if "count" in b and b["count"] != n:
+        raise InvalidMessage("bad_body", f"trace.count is {b['count']!r}, the columns hold {n} events")
+    if not n:
+        return 0
+    for c in _TRACE_I32:
+        if cols[c].min() < I32[0] or cols[c].max() > I32[1]:
+            raise InvalidMessage("bad_body", f"trace.events.{c} holds values out of range {I32}")
+    attrs = _trace_attrs(b, n)
+    if cols["category"].min() < 0 or cols["category"].max() >= len(cats):
+        raise InvalidMessage("bad_body", "trace.events.category outside the categories table")
+    if cols["name"].min() < 0 or cols["name"].max() >= len(names):
+        raise InvalidMessage("bad_body", "trace.events.name outside the names table")
+    if cols["path"].min() < -1 or cols["path"].max() >= len(paths):
+        raise InvalidMessage("bad_body", "trace.events.path outside the paths table")
+    path_list = cols["path"].tolist()
+    # Call paths: resolve each used id once (parents first, iteratively; a cycle is an error).
+    resolved: dict[int, str] = {}
+    for pid in set(path_list) - {-1}:
+        chain: list[int] = []
+        p = pid
+        while p >= 0 and p not in resolved:
+            if p >= len(paths) or len(chain) > len(paths) or not 0 <= paths[p][1] < len(names):
+                raise InvalidMessage("bad_body", f"trace.paths entry {p} is malformed")
+            chain.append(p)
+            p = paths[p][0]
+        prefix = resolved.get(p)
+        for q in reversed(chain):
+            leaf = names[paths[q][1]]
+            prefix = leaf if prefix is None else f"{prefix};{leaf}"
+            resolved[q] = prefix
+    t0 = int_field(b.get("t0_ns"), "trace.t0_ns")
+    deltas = cols["start_delta_ns"]
+    if abs(t0) + max(abs(int(deltas.min())), abs(int(deltas.max()))) * n >= I64[1]:      # the cumulative sum could wrap
+        starts = list(itertools.accumulate(deltas.tolist(), initial=t0))[1:]
+        check_range(starts, "trace.start_ns")
+    else:
+        starts = (t0 + np.cumsum(deltas)).tolist()
+    cat_names = [cats[c] for c in cols["category"].tolist()]
+    row_names = [resolved[p] if p >= 0 else names[i] for i, p in zip(cols["name"].tolist(), path_list, strict=True)]
+    out.extend(n, job=env.job, window_id=window_id, rank=env.rank, category=cat_names, name=row_names,
+               start_ns=starts, dur_ns=cols["dur_ns"].tolist(), device=cols["device"].tolist(),
+               stream=cols["stream"].tolist(), step=cols["step"].tolist(), bytes=cols["bytes"].tolist(), attrs=attrs)
+    return n
+
+
+SUMMARY_INT_COLUMNS = ("count", "total_ns", "median_ns", "p95_ns", "max_ns", "exclusive_ns")
+
+
+def summary_columns(env: Envelope, out: Columns) -> dict[str, Any]:
+    """A ``summary`` message -> ``function_summaries`` rows (appended to ``out``) and the window's
+    ``trace_windows`` row (returned). ``events`` in that row is ``events_sent``: the number of
+    ``trace_events`` rows the window should have; ``truncated`` says whether the rank left some out."""
+    b = env.body
+    window_id = str_field(b["window_id"], "summary.window_id")
+    try:
+        f = expand_call_paths(b["functions"])
+    except ValueError as e:
+        raise InvalidMessage("bad_body", f"summary.functions: {e}") from None
+    cats = _str_list(f.get("category"), "summary.functions.category")
+    n = len(cats)
+    fnames = _str_list(f.get("name"), "summary.functions.name")
+    if len(fnames) != n:
+        raise InvalidMessage("bad_body", f"summary.functions.name has {len(fnames)} values, category has {n}")
+    cols = {c: _int_list(f.get(c), f"summary.functions.{c}", n) for c in SUMMARY_INT_COLUMNS}
+    start_ns = int_field(b.get("start_ns"), "summary.start_ns")
+    end_ns = int_field(b.get("end_ns"), "summary.end_ns")
+    window_ns = int_field(f.get("window_ns", end_ns - start_ns), "summary.functions.window_ns")
+    truncated = b.get("truncated", False)
+    if not isinstance(truncated, bool):
+        raise InvalidMessage("bad_body", f"summary.truncated is {type(truncated).__name__}, expected bool")
+    window = {"job": env.job, "window_id": window_id, "rank": env.rank,
+              "status": str_field(b.get("status", "done"), "summary.status"),
+              "first_step": int_field(b.get("first_step", -1), "summary.first_step"),
+              "last_step": int_field(b.get("last_step", -1), "summary.last_step"), "start_ns": start_ns, "end_ns": end_ns,
+              "events": int_field(b.get("events_sent", b.get("events_total", 0)), "summary.events_sent"),
+              "truncated": int(truncated), "updated_ns": env.sent_ns}
+    if n:
+        out.extend(n, job=env.job, window_id=window_id, rank=env.rank, category=cats, name=fnames,
+                   window_ns=window_ns, **cols)
+    return window
+
+
+def report_row(value: bytes | None) -> dict[str, Any]:
+    """A diagnosis report (JSON from the processors) -> one ``reports`` row."""
+    try:
+        rep = json.loads(value or b"")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidMessage("bad_report", f"not JSON: {e}") from None
+    if not isinstance(rep, dict) or rep.get("schema_version") != 1:
+        raise InvalidMessage("bad_report", f"unknown report schema_version {rep.get('schema_version') if isinstance(rep, dict) else None!r}")
+    return {"job": str_field(rep.get("job"), "report.job"), "window_id": str_field(rep.get("window_id"), "report.window_id"),
+            "created_ns": int(rep.get("created_ns") or time.time_ns()), "body": (value or b"").decode()}
+
+
+def alert_rows(alert: Alert) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``alerts`` row (latest state, body = the whole JSON) and the ``alert_events`` row."""
+    if not isinstance(alert.ranks, list):
+        raise InvalidMessage("bad_alert", "ranks is not a list")
+    body = alert.to_json().decode()
+    try:
+        row = {"alert_id": str_field(alert.alert_id, "alert_id"), "job": str_field(alert.job, "job"), "kind": alert.kind,
+               "status": alert.status, "severity": str_field(alert.severity, "severity"),
+               "ranks": [int_field(r, "ranks[]", I32) for r in alert.ranks], "step": int_field(alert.step, "step"),
+               "opened_ns": int_field(alert.opened_ns, "opened_ns"), "updated_ns": int_field(alert.updated_ns, "updated_ns"),
+               "resolved_ns": int_field(alert.resolved_ns, "resolved_ns"), "version": int_field(alert.version, "version", U32),
+               "summary": str_field(alert.summary, "summary"),
+               "lost_rank_seconds": float_field(alert.lost_rank_seconds, "lost_rank_seconds"), "body": body}
+    except InvalidMessage as e:
+        raise InvalidMessage("bad_alert", e.detail) from None
+    event = {k: row[k] for k in TABLE_COLUMNS["alert_events"]}
+    return row, event
+
+
+def deadletter_row(dl: DeadLetter) -> dict[str, Any]:
+    try:
+        return {"ts_ns": int_field(dl.ts_ns, "ts_ns"), "source_topic": str_field(dl.source_topic, "source_topic"),
+                "partition": int_field(dl.partition, "partition", I32), "offset": int_field(dl.offset, "offset"),
+                "stage": str_field(dl.stage, "stage"), "reason": str_field(dl.reason, "reason"),
+                "detail": str_field(dl.detail, "detail"), "payload_b64": str_field(dl.payload_b64, "payload_b64")}
+    except InvalidMessage as e:
+        raise InvalidMessage("bad_deadletter", e.detail) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Rank and job state (carried forward so every upsert row is complete)
+# --------------------------------------------------------------------------------------------
+
+def new_rank(job: str, rank: int) -> dict[str, Any]:
+    return {"job": job, "rank": rank, "host": "", "pid": 0, "local_rank": -1, "world_size": -1,
+            "last_step": -1, "last_seen_ns": 0, "exit_reason": "", "exit_detail": ""}
+
+
+def merge_rank(state: dict[str, Any], upd: dict[str, Any]) -> None:
+    """Merge a partial observation ``upd`` (must hold ``last_seen_ns``) into ``state`` in place.
+
+    Rules: ``last_seen_ns`` and ``last_step`` take the maximum; host/pid/local_rank/world_size take
+    the newer known value (unknown = ''/0/-1); an exit reason is kept once seen. A newer observation
+    from another pid is a restarted rank: its step and (empty) exit reason replace the old ones.
+    An older observation from another pid only fills unknown host/world_size/local_rank.
+    """
+    seen = upd["last_seen_ns"]
+    newer = seen >= state["last_seen_ns"]
+    other_pid = bool(upd.get("pid")) and bool(state["pid"]) and upd["pid"] != state["pid"]
+    if other_pid and not newer:
+        for k, unknown in (("host", ""), ("world_size", -1), ("local_rank", -1)):
+            if state[k] == unknown and upd.get(k, unknown) != unknown:
+                state[k] = upd[k]
+        return
+    if other_pid:
+        state["last_step"] = upd.get("last_step", -1)
+        state["exit_reason"] = upd.get("exit_reason", "")
+        state["exit_detail"] = upd.get("exit_detail", "")
+    else:
+        state["last_step"] = max(state["last_step"], upd.get("last_step", -1))
+        if upd.get("exit_reason"):
+            state["exit_reason"] = upd["exit_reason"]
+            state["exit_detail"] = upd.get("exit_detail", "")
+    for k, unknown in (("host", ""), ("pid", 0), ("world_size", -1), ("local_rank", -1)):
+        v = upd.get(k, unknown)
+        if v != unknown and (newer or state[k] == unknown):
+            state[k] = v
+    state["last_seen_ns"] = max(state["last_seen_ns"], seen)
+
+
+def merge_job(state: dict[str, Any], upd: dict[str, Any]) -> None:
+    if upd.get("world_size", -1) > 0 and (upd["last_seen_ns"] >= state["last_seen_ns"] or state["world_size"] <= 0):
+        state["world_size"] = upd["world_size"]
+    firsts = [x for x in (state["first_seen_ns"], upd.get("first_seen_ns", upd["last_seen_ns"])) if x > 0]
+    state["first_seen_ns"] = min(firsts) if firsts else 0
+    state["last_seen_ns"] = max(state["last_seen_ns"], upd["last_seen_ns"])
+
+
+# --------------------------------------------------------------------------------------------
+# The batch
+# --------------------------------------------------------------------------------------------

@@ -1,0 +1,49 @@
+"""Messages to a batch of rows without Kafka or a store: storage/convert.py's RowBuilder."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from rankscope.topics import Topic
+from rankscope.wire import Envelope, encode
+from storage.columns import InvalidMessage
+from storage.convert import Batch, RowBuilder
+
+
+def beat(rank: int, step: int, sent_ns: int) -> bytes:
+    return encode(Envelope("beat", "j", rank, "h", 10 + rank, step, sent_ns,
+                           {"step": [step], "start_ns": [step * 100], "end_ns": [step * 100 + 90],
+                            "comm_ns": [30], "hb_step": step, "since_step_s": 0.0, "dropped": 0, "world_size": 2,
+                            "local_rank": rank, "stacks": None}))
+
+
+def test_beats_become_step_and_heartbeat_rows_and_rank_state():
+    rows, batch = RowBuilder(), Batch(started_at=0.0)
+    for step in range(3):
+        for rank in range(2):
+            rows.add(Topic.STEPS, beat(rank, step, 1000 + step), batch)
+    steps = batch.tables["steps"].data
+    assert steps["step"] == [0, 0, 1, 1, 2, 2] and steps["busy_ns"] == [60] * 6
+    assert len(batch.tables["heartbeats"].data["ts_ns"]) == 6 and batch.rows == 12
+    assert rows.ranks[("j", 1)]["last_step"] == 2 and rows.ranks[("j", 1)]["world_size"] == 2
+    assert rows.jobs["j"]["last_seen_ns"] == 1002 and batch.ranks == {("j", 0), ("j", 1)}
+
+
+def test_bad_input_raises_and_adds_nothing():
+    rows, batch = RowBuilder(), Batch(started_at=0.0)
+    with pytest.raises(InvalidMessage) as e:
+        rows.add(Topic.STEPS, b"\x00 not msgpack", batch)
+    assert e.value.reason == "not_msgpack"
+    with pytest.raises(InvalidMessage):
+        rows.add(Topic.STEPS, msgpack.packb({"v": 99, "kind": "steps"}), batch)
+    with pytest.raises(InvalidMessage):
+        rows.add(Topic.ALERTS, b"{}", batch)
+    assert batch.rows == 0 and batch.tables == {} and rows.ranks == {}
+
+
+def test_kinds_the_store_does_not_keep_are_counted_as_skipped():
+    rows, batch = RowBuilder(), Batch(started_at=0.0)
+    ack = encode(Envelope("ack", "j", 0, "h", 1, 1, 1, {"request_id": "r", "status": "accepted", "detail": ""}))
+    rows.add(Topic.REPLIES, ack, batch)
+    assert rows.skipped == {"ack": 1} and batch.rows == 0
