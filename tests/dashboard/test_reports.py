@@ -67,3 +67,49 @@ def test_reports_page_empty_state(app_env, monkeypatch):
     at = open_page("views/reports.py")
     assert not at.exception
     assert any("rankscope trace --job J --steps 3 --auto-analyze" in i.value for i in at.info)
+
+
+# A window diagnosis: verdict, charts, PerfTracker's sections, downloads ------------------------------
+
+def diagnosis_report() -> dict:
+    """A live report of 4 workers with rank 2 slow (the analyzer's own output, not a hand-made dict)."""
+    from stream_processors.analysis.report import build_report
+
+    rows, arrivals = [], []
+    for r in range(4):
+        extra = 30_000_000 if r == 2 else 0
+        rows += [{"rank": r, "category": "cpu_op", "name": "aten::mm", "count": 100, "total_ns": 38_000_000 + extra,
+                  "exclusive_ns": 38_000_000 + extra, "window_ns": 100_000_000},
+                 {"rank": r, "category": "collective", "name": "gloo:all_reduce", "count": 10,
+                  "total_ns": 50_000_000 - extra, "exclusive_ns": 40_000_000, "window_ns": 100_000_000}]
+        arrivals += [{"rank": r, "name": "c10d::allreduce_", "seq": k, "start_ns": k * 10**7 + (3 * 10**6 if r == 2 else r)}
+                     for k in range(10)]
+    return build_report(pd.DataFrame(rows), pd.DataFrame(arrivals), job="dj", window_id="w-diag")
+
+
+def test_report_headline_of_bodies():
+    assert q.report_headline(json.dumps(diagnosis_report())).startswith("Slow worker: rank 2")
+    assert q.report_headline(json.dumps(sd.sample_report())) == "GPU time breakdown (no diagnosis)"
+    assert q.report_headline("not json {") == "not JSON"
+
+
+@pytest.mark.clickhouse
+def test_reports_page_reads_like_a_diagnosis(app_env, monkeypatch):
+    body = json.dumps(diagnosis_report())
+    monkeypatch.setattr(q, "reports", lambda store, **kw: pd.DataFrame(
+        {"job": ["dj"], "window_id": ["w-diag"], "created": [pd.Timestamp("2026-01-01")], "created_ns": [0],
+         "body": [body]}))
+    at = open_page("views/reports.py")
+    assert not at.exception, at.exception
+    subheaders = [s.value for s in at.subheader]
+    assert subheaders[:3] == ["Verdict", "Slow workers", "Causes, by cost"], subheaders
+    assert "Collective arrivals" in subheaders and "Communication, by collective" in subheaders
+    [headline] = [e.value for e in at.error]
+    assert headline.startswith("**Slow worker: rank 2; top cause `aten::mm`") and "rank-seconds" in headline
+    assert "straggler at collectives: rank 2" in headline
+    text = page_text(at)
+    assert "Rank 2 is slow" in text and "Straggler at collectives: rank 2" in text
+    slow = at.dataframe[1].value                  # the list first, then the sections' tables
+    assert slow["rank"].tolist() == [2] and "busy (ms)" in slow.columns
+    assert len(at.get("download_button")) == 2    # JSON and Markdown
+    assert len(at.get("vega_lite_chart")) == 3
