@@ -9,6 +9,10 @@ Python events come in two shapes, and both are handled (even mixed in one thread
 Each event is one call with its inclusive duration. Time nesting (per rank and thread) gives each
 call its self time (its duration minus the time of the calls inside it); a node's total is the self
 time of its subtree, so callers that were not recorded (a lone ``a;b;c`` event) still add up.
+
+rankscope's own frames (its wrappers around torch.distributed calls, the tracer's step hooks; see
+:mod:`rankscope.own_frames`) are folded into the user's call that made them: they leave the paths,
+and their self time counts as the caller's.
 """
 
 from __future__ import annotations
@@ -18,15 +22,19 @@ from typing import Any
 
 import pandas as pd
 
+from rankscope.own_frames import is_own_frame
+
 SEP = ";"
 ROOT = "all"
-PATH_COLUMNS = ["path", "dur_ns", "self_ns"]
+PATH_COLUMNS = ["path", "dur_ns", "self_ns", "folded"]
 TREE_COLUMNS = ["path", "name", "depth", "total_ns", "self_ns", "calls"]
 ICICLE_COLUMNS = ["path", "name", "depth", "x0", "x1", "total_ms", "self_ms", "share", "calls", "label"]
 
 
 def call_paths(events: pd.DataFrame) -> pd.DataFrame:
-    """One row per event: its call path (tuple of names, outermost first), duration and self time.
+    """One row per event: its call path (tuple of names, outermost first, rankscope's frames left
+    out), duration, self time, and ``folded``: the event is one of rankscope's own frames, whose
+    self time is thus its caller's.
 
     Needs columns name, start_ns, dur_ns; uses rank and ``attrs["tid"]`` (else stream) to separate
     threads. Steps, per (rank, thread): 1. sort by start, longer first on ties; 2. pop the open calls
@@ -63,6 +71,8 @@ def call_paths(events: pd.DataFrame) -> pd.DataFrame:
         stack.append((start + dur, len(paths) - 1))
     out = pd.DataFrame({"path": paths, "dur_ns": durs, "self_ns": [max(0, d - i) for d, i in zip(durs, inner,
                                                                                                   strict=True)]})
+    out["folded"] = [bool(p) and is_own_frame(p[-1]) for p in out["path"]]
+    out["path"] = [tuple(n for n in p if not is_own_frame(n)) for p in out["path"]]
     return out[out["path"].map(len) > 0].reset_index(drop=True)
 
 
@@ -88,10 +98,10 @@ def call_tree(events: pd.DataFrame) -> pd.DataFrame:
     paths = call_paths(events)
     own: dict[tuple[str, ...], int] = defaultdict(int)
     calls: dict[tuple[str, ...], int] = defaultdict(int)
-    for p, s in zip(paths["path"], paths["self_ns"], strict=True):
+    for p, s, folded in zip(paths["path"], paths["self_ns"], paths["folded"], strict=True):
         full = (ROOT, *p)
         own[full] += int(s)
-        calls[full] += 1
+        calls[full] += 0 if folded else 1
     nodes: set[tuple[str, ...]] = {(ROOT,)}
     for p in own:
         nodes.update(p[:i] for i in range(1, len(p) + 1))

@@ -1,0 +1,53 @@
+"""rankscope's own frames, told apart from the user's in any frame name rankscope handles. Pure.
+
+Names come in three forms: the profiler's ``path/file.py(12): func``, the heartbeat stacks'
+``path/file.py:12 func`` (producers/stacks.py), and bare function names. A frame is rankscope's own
+when its function is a wrapper (``_rankscope_*``) or its file is one of rankscope's modules
+(producers, rankscope, stream_processors, storage, dashboard; the example job rankscope/demo is
+the user's code), matched on the package-relative path, so a user's ``storage/io.py`` is not hidden
+unless rankscope ships a ``storage/io.py`` too.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+WRAPPER_PREFIX = "_rankscope_"
+PACKAGES = ("producers", "rankscope", "stream_processors", "storage", "dashboard")
+_ROOT = Path(__file__).resolve().parents[1]
+_PROFILER = re.compile(r"^(?P<path>.*?\.py)\(\d+\): (?P<func>.*)$")
+_LABEL = re.compile(r"^(?P<path>\S*?\.py):\d+ (?P<func>.*)$")
+
+
+@functools.cache
+def own_files() -> frozenset[str]:
+    """Package-relative paths of rankscope's modules, e.g. ``producers/collectives.py``."""
+    out = set()
+    for pkg in PACKAGES:
+        for p in (_ROOT / pkg).rglob("*.py"):
+            rel = p.relative_to(_ROOT).as_posix()
+            if not rel.startswith("rankscope/demo/"):
+                out.add(rel)
+    return frozenset(out)
+
+
+def split_frame(name: str) -> tuple[str, str]:
+    """(file path or "", function) of a frame name in any of the three forms."""
+    m = _PROFILER.match(name) or _LABEL.match(name)
+    return (m.group("path"), m.group("func")) if m else ("", name)
+
+
+@functools.lru_cache(maxsize=65536)
+def is_own_frame(name: str) -> bool:
+    """True when the frame ``name`` is rankscope's code, not the user's."""
+    path, func = split_frame(name)
+    if func.startswith(WRAPPER_PREFIX):
+        return True
+    if not path:
+        return False
+    path = path.replace("\\", "/")
+    files = own_files()
+    parts = path.split("/")
+    return any("/".join(parts[i:]) in files for i in range(max(0, len(parts) - 4), len(parts) - 1))
