@@ -26,6 +26,8 @@ MAY_IMPORT = {
 ALLOWED = {
     ("rankscope/__init__.py", "producers"): "the public facade: `from rankscope import Tracer` loads it lazily",
     ("storage/serve.py", "dashboard"): "serve is the dashboard's entry point (it starts the Streamlit app)",
+    ("rankscope/analysis.py", "stream_processors"): "the notebook facade: loads the offline analyzers lazily, "
+        "as rankscope/__init__.py loads the tracer",
     ("stream_processors/analysis/diagnosis.py", "producers"): "the offline diagnosis summarises recorded traces "
         "with the ranks' own summarizer (loaded lazily), so its report is the live pipeline's",
 }
