@@ -19,9 +19,9 @@ from producers.trace_events import (
     MEMCPY,
     PYTHON,
     RUNTIME,
-    _call_paths,
-    _group_stats,
+    call_paths,
     exclusive_times,
+    group_stats,
     summarize,
 )
 from rankscope.config import Settings
@@ -91,7 +91,7 @@ def test_group_stats_match(native: Any, seed: int) -> None:
     key = rng.integers(0, 30, n).astype(np.int64) << 40
     dur = rng.integers(0, 7, n).astype(np.int64) * int(rng.integers(1, 10**9))
     excl = rng.integers(0, 100, n).astype(np.int64)
-    for got, expected in zip(native.group_stats(key, dur, excl), _group_stats(key, dur, excl), strict=True):
+    for got, expected in zip(native.group_stats(key, dur, excl), group_stats(key, dur, excl), strict=True):
         np.testing.assert_array_equal(got, expected)
 
 
@@ -108,8 +108,8 @@ def test_call_paths_match(native: Any, seed: int) -> None:
     parents = np.where(rng.random(n) < 0.8, ids[rng.integers(0, n, n)], rng.choice([-1, -7, 10**6], n))
     names = rng.integers(0, 12, n).astype(np.int64)
     raw = SimpleNamespace(py={"py_id": ids.tolist(), "py_parent": parents.tolist()})
-    path_py, table_py = _call_paths(raw, names)
-    path_c, table_c = _call_paths(raw, names, native)
+    path_py, table_py = call_paths(raw, names)
+    path_c, table_c = call_paths(raw, names, native)
     np.testing.assert_array_equal(path_c, path_py)
     assert table_c == table_py
 
