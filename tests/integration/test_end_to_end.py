@@ -17,6 +17,7 @@ import pytest
 
 from rankscope.admin import ensure_topics
 from rankscope.config import Settings
+from rankscope.own_frames import is_own_frame
 from rankscope.topics import Topic
 from rankscope.wire import decode
 from storage.sink import Sink
@@ -98,6 +99,8 @@ def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]
         assert not culprit_groups[0].waiting_in_collective
         waiting = [g for g in hang.stack_groups if 3 not in g.ranks]
         assert waiting and all(g.waiting_in_collective for g in waiting)
+        own = [f for g in hang.stack_groups for f in g.frames if is_own_frame(f)]
+        assert not own, f"rankscope's own frames in the user's stacks: {own}"
     finally:
         stop_process(proc)
         reader.close()
