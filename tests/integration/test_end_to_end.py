@@ -192,6 +192,7 @@ def test_steady_straggler_is_named_within_30_s(pipeline: tuple[Settings, Store, 
     assert slow.ranks == [1], slow.summary
     assert not others, [a.summary for a in others]
     after_s = slow.opened_ns / 1e9 - step_start_s(store, job, 1, 0)
+    print(f"steady 1.5x straggler named {after_s:.1f} s after its first step: {slow.summary}")
     assert after_s <= 30, f"named {after_s:.1f} s after its first step: {slow.summary}"
     assert slow.details["cost_share"]["1"] >= settings.straggler_cost_gate
 
@@ -217,6 +218,7 @@ def test_rank_slow_from_mid_run_is_named_within_30_s_of_the_onset(pipeline: tupl
     assert not before, [a.summary for a in before]
     assert slow.ranks == [2], slow.summary
     assert slow.opened_ns / 1e9 > onset_s, f"named before the onset: {slow.summary}"
+    print(f"rank slow from step {onset_step} named {slow.opened_ns / 1e9 - onset_s:.1f} s after the onset")
     assert slow.opened_ns / 1e9 - onset_s <= 30, f"named {slow.opened_ns / 1e9 - onset_s:.1f} s after the onset"
 
 
