@@ -14,9 +14,9 @@ shown as slow (:attr:`SlowRule.watch`, the monitor's rank states) whatever it co
 once it has been slow and cost at least ``straggler_cost_gate`` at every evaluation for
 ``straggler_persist`` evaluations and half of ``straggler_min_s`` (measured on 4 gloo ranks on 2
 cores under heavy load: a healthy rank's share reached 0.47 over 10 s, for at most 1 s; a 1.5x
-straggler's stayed above 0.48 for the whole run), and it leaves after ``straggler_persist`` evaluations in a row where its share fell
-below ``enter_share - 0.1`` or its cost below half the gate (hysteresis both ways: one incident
-per straggler), or at once when it stops stepping by itself (hung outside a collective, dead,
+straggler's stayed at 0.41-0.6 for whole runs). It leaves after ``straggler_persist`` evaluations
+in a row where its share fell below ``enter_share - 0.1`` or its cost below half the gate
+(hysteresis both ways: one incident per straggler), or at once when it stops stepping by itself (hung outside a collective, dead,
 exited). A slow rank waiting in a collective for a hung peer stays. Evaluated whenever
 ``straggler_window / 4`` more steps are complete; needs at least 3 ranks.
 
