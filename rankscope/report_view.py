@@ -48,6 +48,12 @@ def diagnosis_of(report: dict[str, Any]) -> dict[str, Any] | None:
     return report if "slow_workers" in report else None
 
 
+def short(name: Any, n: int = 80) -> str:
+    """``name`` cut to ``n`` characters (C++ kernel names run to thousands)."""
+    s = str(name)
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
 def _pct(x: Any) -> str:
     return "–" if x is None else f"{100 * float(x):.1f}%"
 
@@ -67,7 +73,7 @@ def verdict(report: dict[str, Any]) -> Verdict:
                      f"on the other ranks (+{100 * (float(s['busy_ms']) / base - 1):.0f}%, z {s['z']}).")
     causes = (d.get("causes") or [])[:TOP_CAUSES]
     for i, c in enumerate(causes, 1):
-        lines.append(f"Cause {i}: {c['category']} `{c['leaf']}` on rank {c['rank']}: +{c['excess_ms']:,.1f} ms, "
+        lines.append(f"Cause {i}: {c['category']} `{short(c['leaf'])}` on rank {c['rank']}: +{c['excess_ms']:,.1f} ms, "
                      f"costing {c['cost_rank_seconds']:.3f} rank-seconds (every rank waits for it).")
     arr = d.get("collective_arrivals") or {}
     straggler = arr.get("straggler")
@@ -81,7 +87,7 @@ def verdict(report: dict[str, Any]) -> Verdict:
         who = ", ".join(str(s["rank"]) for s in slow)
         headline = f"Slow worker{'s' if len(slow) > 1 else ''}: rank {who}"
         if causes:
-            headline += f"; top cause `{causes[0]['leaf']}` ({causes[0]['cost_rank_seconds']:.3f} rank-seconds)"
+            headline += f"; top cause `{short(causes[0]['leaf'], 60)}` ({causes[0]['cost_rank_seconds']:.3f} rank-seconds)"
     elif d:
         headline = "No slow worker in this window"
         lines.insert(0, "Every rank's busy time is within the normal spread of the others.")
@@ -146,6 +152,7 @@ def sections(report: dict[str, Any]) -> list[Section]:
                            rows=_abnormal_rows(m["abnormal_workers"])))
     c = d.get("communication")
     if c:
+        no_bytes = all(b["mean_throughput_Bps"] is None for b in c["by_collective"])
         out.append(Section("communication", "Communication, by collective",
                            "The normal worker is the rank whose time is closest to the median. In synchronous training the "
                            "slow worker waits least: long collective time marks the ranks that wait for it.",
@@ -156,6 +163,9 @@ def sections(report: dict[str, Any]) -> list[Section]:
                                   "throughput std (GB/s)": None if b["throughput_std_Bps"] is None else round(b["throughput_std_Bps"] / 1e9, 3),
                                   "abnormal ranks": ", ".join(str(a["rank"]) for a in b["abnormal_workers"]) or "none"}
                                  for b in c["by_collective"]]))
+        if no_bytes:   # no message sizes in this window: no throughput to show
+            for row in out[-1].rows:
+                del row["mean throughput (GB/s)"], row["throughput std (GB/s)"]
     r = d.get("cuda_runtime")
     if r:
         out.append(Section("cuda_runtime", "CUDA runtime",
