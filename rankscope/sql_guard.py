@@ -124,7 +124,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
             j = _end_of_quoted(text, i, c)
             out.append(("name", text[i + 1:j - 1]))
             i = j
-        elif text.startswith("--", i) or c == "#":
+        elif text.startswith(("--", "# ", "#!"), i):   # ClickHouse's comments ('#x' is a syntax error)
             j = text.find("\n", i)
             i = n if j < 0 else j
             out.append(("space", " "))

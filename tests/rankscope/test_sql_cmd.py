@@ -35,6 +35,8 @@ REFUSED = [
     ("DESCRIBE TABLE file('/etc/passwd')", r"file\(\) not allowed"),
     ("SELECT * FROM Python(df)", r"Python\(\) not allowed"),
     ("SELECT 1 INTO OUTFILE '/tmp/x.csv'", "INTO OUTFILE"),
+    ("SELECT 1 #x\n, file('/etc/passwd')", r"file\(\) not allowed"),   # '#x' is no comment
+    ("SELECT 1 /* a */ , `file` /* b */ ('/etc/passwd')", r"file\(\) not allowed"),
 ]
 
 
