@@ -22,11 +22,13 @@ CHART_H = 220
 
 def _bar(rows: list[dict], x: str, y: str, flag: str | None, title: str) -> None:
     df = pd.DataFrame(rows)
-    enc = {"x": alt.X(f"{x}:N", title=x, sort=None), "y": alt.Y(f"{y}:Q", title=y),
+    enc = {"x": alt.X(f"{x}:N", title=x, sort=None, axis=alt.Axis(labelAngle=0 if x == "rank" else -40)),
+           "y": alt.Y(f"{y}:Q", title=y),
            "tooltip": [alt.Tooltip(f"{x}:N"), alt.Tooltip(f"{y}:Q", format=",.3f")]}
     if flag:
         enc["color"] = alt.condition(alt.datum[flag], alt.value("#d62728"), alt.value("#4c78a8"))
-    st.altair_chart(alt.Chart(df, title=title).mark_bar().encode(**enc).properties(height=CHART_H), width="stretch")
+    st.markdown(f"**{title}**")
+    st.altair_chart(alt.Chart(df).mark_bar().encode(**enc).properties(height=CHART_H), width="stretch")
 
 
 def render_diagnosis(report: dict) -> None:

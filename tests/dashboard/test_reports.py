@@ -113,3 +113,79 @@ def test_reports_page_reads_like_a_diagnosis(app_env, monkeypatch):
     assert slow["rank"].tolist() == [2] and "busy (ms)" in slow.columns
     assert len(at.get("download_button")) == 2    # JSON and Markdown
     assert len(at.get("vega_lite_chart")) == 3
+
+
+# In a real browser, on a replayed multi-rank window ---------------------------------------------------
+
+STORE_REPORT = r"""
+import json, sys
+from storage.store import close_store, open_store
+dsn, path = sys.argv[1], sys.argv[2]
+rep = json.loads(open(path).read())
+store = open_store(dsn)
+store.insert("reports", [{"job": rep["job"], "window_id": rep["window_id"], "created_ns": int(rep["created_ns"]),
+                          "body": json.dumps(rep)}])
+close_store(dsn)
+"""
+
+
+@pytest.mark.kafka
+@pytest.mark.browser
+def test_reports_page_in_a_browser_on_a_replayed_window(kafka_settings, tmp_path):
+    """4 recorded ranks (rank 3 time-dilated) replayed through real Kafka and processors; the report
+    they build, stored in chDB, read on the Reports page in headless Chromium."""
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from browser import launch_browser, screenshot, wait_for_charts, wait_for_text
+    from test_browser import ROOT, _free_port, _wait_healthy
+
+    from tests.integration.replayed import processors, replayed_report
+    from tests.stream_processors.analysis.trace_sets import slow_rank_set
+
+    job = f"rb-{uuid.uuid4().hex[:6]}"
+    with processors(kafka_settings, tmp_path, f"rb{uuid.uuid4().hex[:8]}.") as settings:
+        rep = replayed_report(settings, job, f"rp{uuid.uuid4().hex[:6]}-0", slow_rank_set(tmp_path / "set"))
+    assert [s["rank"] for s in rep["slow_workers"]] == [3] and rep["collective_arrivals"]["straggler"] == 3
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    dsn = f"chdb://{tmp_path / 'clickhouse'}"
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("RANKSCOPE_")}
+    env.update({"PYTHONPATH": str(ROOT), "RANKSCOPE_CLICKHOUSE_DSN": dsn, "RANKSCOPE_DATA_DIR": str(tmp_path)})
+    subprocess.run([sys.executable, "-c", STORE_REPORT, dsn, str(tmp_path / "report.json")], env=env, cwd=ROOT,
+                   check=True, timeout=120, capture_output=True)
+    port = _free_port()
+    log = tmp_path / "streamlit.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.port",
+                                 str(port), "--server.address", "127.0.0.1", "--server.headless", "true",
+                                 "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log)
+        with launch_browser() as page:
+            page.goto(f"{url}/reports?job={job}")
+            wait_for_text(page, "Verdict", 90)
+            top = rep["causes"][0]
+            wait_for_text(page, "Slow worker: rank 3")
+            wait_for_text(page, f"{top['cost_rank_seconds']:.3f} rank-seconds")
+            wait_for_text(page, "straggler at collectives: rank 3")
+            wait_for_text(page, "Straggler at collectives: rank 3 arrives last")
+            wait_for_text(page, "Collective arrivals")
+            wait_for_text(page, "Bottleneck ratio per category")
+            charts = page.locator('[data-testid="stVegaLiteChart"]')
+            deadline = time.monotonic() + 60
+            while charts.count() < 3 and time.monotonic() < deadline:    # they appear after the text
+                page.wait_for_timeout(200)
+            assert wait_for_charts(page, 60) == 3       # busy time, lateness, bottleneck ratio
+            screenshot(page, "dashboard_reports_diagnosis")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
