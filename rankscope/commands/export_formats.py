@@ -6,7 +6,8 @@ exporters.py``), beside its Chrome trace of a stored window:
   HTA, TensorBoard and ``rankscope analyze`` load them), ``chrome`` one merged Chrome/Perfetto
   trace with the flows, ``folded`` / ``speedscope`` the Python call paths by self time;
 - for a stored window (``--job``, ``--window``), ``folded`` and ``speedscope`` come from its
-  function summaries (stored windows keep no correlation ids, so their Chrome trace has no flows).
+  function summaries, read like ``export``'s Chrome trace (through serve's endpoint while serve
+  holds the embedded store); stored windows keep no correlation ids, so their Chrome trace has no flows.
 """
 
 from __future__ import annotations
@@ -73,10 +74,11 @@ def run_format(args: argparse.Namespace, settings: Settings) -> int | None:
 def _stored(args: argparse.Namespace, settings: Settings) -> int:
     from dashboard import queries
     from rankscope.commands.export import LOCKED_HINT, resolve_window
-    from storage.store import StoreError, StoreLocked, close_store, open_store
+    from storage.query_endpoint import open_read_store
+    from storage.store import StoreError, StoreLocked
 
     try:
-        store = open_store(settings.store_dsn)
+        store, release = open_read_store(settings.store_dsn, settings.data_dir)   # serve's endpoint while it runs
     except StoreLocked as e:
         print(f"rankscope export: {e}\n{LOCKED_HINT}", file=sys.stderr)
         return 1
@@ -88,7 +90,7 @@ def _stored(args: argparse.Namespace, settings: Settings) -> int:
     except StoreError as e:
         return _err(str(e), 1)
     finally:
-        close_store(settings.store_dsn)
+        release()
     if fn.empty:
         return _err(f"no stored Python call paths for job {args.job!r} window {args.window!r}", 1)
     out = args.output or f"{window_id}.{'folded' if args.format == 'folded' else 'speedscope.json'}"
