@@ -50,6 +50,8 @@ from rankscope.wire import rank_key as steps_key
 
 log = logging.getLogger("rankscope.tracer")
 
+TOOL_PAUSE_MAX_S = 120.0   # profiler start/stop longer than this counts as time without a step again
+
 
 class Tracer:
     def __init__(self, settings: Settings | None = None, *, clock: Clock | None = None,
@@ -95,6 +97,7 @@ class Tracer:
                                            self.identity.rank, handler=self._on_control,
                                            reject=lambda rid, why: self._ack(rid, "rejected", why)).start()
         self._step = -1                      # last completed step
+        self._tool_since_ns = 0              # set while the profiler starts or stops (tool time)
         self._in_startup = False             # defer_first_step(): the next step() ends step 0, unrecorded
         self._step_start_ns = self.clock.wall_ns()
         self._pending: list[tuple[int, int, int, int]] = []
@@ -165,7 +168,15 @@ class Tracer:
             self._recent.append(now - start)
             self._step_start_ns = now
             if self.windows.armed:
-                self.windows.on_step(self._step)
+                # Starting or stopping the profiler is the tool's time, not the step's: heartbeats
+                # do not count it as time without a step (for at most TOOL_PAUSE_MAX_S), and the
+                # next step starts when it returns.
+                self._tool_since_ns = now
+                try:
+                    self.windows.on_step(self._step)
+                finally:
+                    self._tool_since_ns = 0
+                    self._step_start_ns = self.clock.wall_ns()
         except Exception:
             pass
 
@@ -293,7 +304,13 @@ class Tracer:
 
     def heartbeat_body(self) -> dict[str, Any]:
         now = self.clock.wall_ns()
-        since = 0.0 if self._in_startup else (now - self._step_start_ns) / 1e9
+        tool = self._tool_since_ns
+        if self._in_startup:
+            since = 0.0
+        elif tool:
+            since = max(0.0, (now - tool) / 1e9 - TOOL_PAUSE_MAX_S)
+        else:
+            since = (now - self._step_start_ns) / 1e9
         stacks = None
         if self._recent:
             typical = statistics.median(self._recent) / 1e9

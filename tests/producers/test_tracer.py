@@ -102,3 +102,51 @@ def test_no_broker_does_not_block_or_raise():
         tracer.step()
     tracer.close()
     assert tracer.current_step == 999
+
+
+class SlowProfilerStart:
+    """A window controller whose profiler start takes ``seconds`` of the (manual) clock."""
+
+    def __init__(self, tracer: Tracer, clock: ManualClock, seconds: float) -> None:
+        self.tracer, self.clock, self.seconds = tracer, clock, seconds
+        self.armed = True
+        self.seen_during: list[float] = []
+
+    def on_step(self, completed_step: int) -> None:
+        self.clock.advance(self.seconds / 2)
+        self.seen_during.append(self.tracer.heartbeat_body()["since_step_s"])
+        self.clock.advance(self.seconds / 2)
+        self.armed = False
+
+    def drain(self, timeout_s: float) -> None:
+        pass
+
+
+def test_the_profilers_start_is_tool_time_not_time_without_a_step():
+    clock = ManualClock()
+    tracer, t = make(clock)
+    real_windows = tracer.windows
+    tracer.windows = slow = SlowProfilerStart(tracer, clock, 40.0)
+    clock.advance(0.01)
+    tracer.step()                      # step 0 ends; the window's profiler takes 40 s to start
+    assert slow.seen_during == [0.0]   # no hang while the tool starts the profiler
+    assert tracer.heartbeat_body()["since_step_s"] == 0.0
+    clock.advance(0.01)
+    tracer.step()                      # step 1 does not carry the profiler's 40 s
+    tracer.windows = real_windows
+    tracer.close()
+    rows = [(s, e - a) for m in t.messages() if m.kind == "beat"
+            for s, a, e in zip(m.body["step"], m.body["start_ns"], m.body["end_ns"], strict=True)]
+    assert [s for s, _ in rows] == [0, 1] and all(abs(d - 10_000_000) < 1000 for _, d in rows), rows
+
+
+def test_a_profiler_start_that_never_returns_is_a_stall_after_the_pause_limit():
+    from producers.tracer import TOOL_PAUSE_MAX_S
+
+    clock = ManualClock()
+    tracer, _ = make(clock)
+    tracer._tool_since_ns = clock.wall_ns()
+    clock.advance(TOOL_PAUSE_MAX_S + 15)
+    assert tracer.heartbeat_body()["since_step_s"] == 15.0
+    tracer._tool_since_ns = 0
+    tracer.close()
