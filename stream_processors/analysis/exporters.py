@@ -56,7 +56,7 @@ def _args(row_args: Any, stream: int, corr: int, ext: int, is_gpu: bool, is_runt
           extra: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if isinstance(row_args, Mapping):
-        out.update({_KINETO_ARG_KEYS.get(k, k): v for k, v in row_args.items() if not k.endswith("_bytes")})
+        out.update({_KINETO_ARG_KEYS.get(str(k), str(k)): v for k, v in row_args.items() if not str(k).endswith("_bytes")})
     if is_gpu and stream >= 0:
         out["stream"] = stream
     if corr >= 0 and (is_gpu or is_runtime):
