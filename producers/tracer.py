@@ -44,6 +44,7 @@ from producers.untraced import leave_profiler
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings, unknown_env
 from rankscope.kafka_client import client_conf
+from rankscope.own_frames import is_own_frame
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
 from rankscope.wire import rank_key as steps_key
@@ -250,7 +251,8 @@ class Tracer:
             name = getattr(exc_type, "__qualname__", None) or str(exc_type)
             module = getattr(exc_type, "__module__", "builtins")
             full = name if module in ("builtins", "__main__", None) else f"{module}.{name}"
-            frames = [frame_label(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(tb, limit=-MAX_FRAMES)]
+            frames = [label for f in traceback.extract_tb(tb, limit=-MAX_FRAMES)
+                      if not is_own_frame(label := frame_label(f.filename, f.lineno or 0, f.name))]
         except Exception:
             detail, full, frames = "exception", "", []
         self.close("exception", detail, exc_type=full, frames=frames)
