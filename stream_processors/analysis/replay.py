@@ -95,7 +95,7 @@ def skipped_count(events: pd.DataFrame) -> int:
 def _meta(args: Any) -> dict[str, Any] | None:
     if not isinstance(args, Mapping):
         return None
-    out = {_META_KEYS.get(k, k): v for k, v in args.items() if not k.endswith("_bytes")}
+    out = {str(_META_KEYS.get(str(k), k)): v for k, v in args.items() if not str(k).endswith("_bytes")}
     return out or None
 
 
