@@ -1,7 +1,7 @@
 """``rankscope export --job J --window W [-o trace.json]``: a stored trace window as a Chrome /
 Perfetto trace (the dashboard's "Trace windows" download, from the command line).
 
-Reads the window's ``trace_events`` from the store (``dashboard/queries.py``) and writes
+Reads the window's ``trace_events`` from the store (``dashboard/queries/traces.py``) and writes
 ``dashboard/export.py``'s JSON. While ``rankscope serve`` (or ``up``) holds the embedded store, the
 reads go through serve's loopback query endpoint (``storage/query_endpoint.py``); a ClickHouse
 server DSN is read directly. ``--window`` is a window id or a request id (prefix): the newest

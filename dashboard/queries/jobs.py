@@ -1,0 +1,302 @@
+"""Jobs, the ranks of a job and their states, step times and flight records."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from dashboard.queries.alerts import alerts, lost_time
+from dashboard.queries.common import STATS_STATE_MAP, as_datetime, check_positive, now_or_wall_ns
+from rankscope.sql_guard import READONLY_STATEMENTS as READONLY_STATEMENTS
+from rankscope.sql_guard import SqlRefused as SqlRefused
+from rankscope.sql_guard import check_readonly_sql as check_readonly_sql
+from rankscope.sql_guard import readonly_settings as readonly_settings
+from storage.readonly import SqlResult as SqlResult
+from storage.readonly import run_readonly as run_readonly
+from storage.store import Store
+from storage.store import StoreError as StoreError
+
+# Jobs -------------------------------------------------------------------------------------------
+
+JOBS_COLUMNS = ["job", "world_size", "ranks_seen", "last_step", "first_seen", "last_seen",
+                "last_seen_age_s", "open_alerts", "alerts_total"]
+
+
+def jobs(store: Store, now_ns: int | None = None, limit: int = 1000) -> pd.DataFrame:
+    """One row per job, most recently seen first.
+
+    Columns: job, world_size (declared; falls back to ranks seen), ranks_seen, last_step (max over
+    ranks), first_seen / last_seen (UTC timestamps), last_seen_age_s, open_alerts, alerts_total.
+    Jobs known only from the ``jobs`` table or only from ``ranks`` both appear.
+    """
+    check_positive("limit", limit)
+    db = store.database
+    sql = f"""
+        WITH
+          r AS (
+            SELECT job, max(rw) AS r_world, uniqExact(rank) AS ranks_seen,
+                   max(rstep) AS last_step, max(rseen) AS r_last, min(rfirst) AS r_first
+            FROM (
+              SELECT job, rank, argMax(world_size, last_seen_ns) AS rw,
+                     argMax(last_step, last_seen_ns) AS rstep, max(last_seen_ns) AS rseen,
+                     min(last_seen_ns) AS rfirst
+              FROM {db}.ranks GROUP BY job, rank)
+            GROUP BY job),
+          j AS (
+            SELECT job, argMax(world_size, last_seen_ns) AS j_world, min(first_seen_ns) AS j_first,
+                   max(last_seen_ns) AS j_last
+            FROM {db}.jobs GROUP BY job),
+          a AS (
+            SELECT job, countIf(st != 'resolved') AS open_alerts, count() AS alerts_total
+            FROM (SELECT job, alert_id, argMax(status, version) AS st
+                  FROM {db}.alerts GROUP BY job, alert_id)
+            GROUP BY job)
+        SELECT job,
+               toInt64(greatest(j_world, r_world)) AS world_size,
+               toInt64(ranks_seen) AS ranks_seen,
+               toInt64(last_step) AS last_step,
+               if(j_first > 0 AND (r_first = 0 OR j_first < r_first), j_first, r_first) AS first_seen_ns,
+               greatest(j_last, r_last) AS last_seen_ns,
+               toInt64(open_alerts) AS open_alerts,
+               toInt64(alerts_total) AS alerts_total
+        FROM j FULL OUTER JOIN r USING (job)
+        LEFT JOIN a USING (job)
+        ORDER BY open_alerts > 0 DESC, last_seen_ns DESC, job
+        LIMIT {{limit:UInt32}}
+    """
+    df = store.query_df(sql, {"limit": int(limit)})
+    if df.empty:
+        return pd.DataFrame(columns=JOBS_COLUMNS)
+    now = now_or_wall_ns(now_ns)
+    df["world_size"] = df["world_size"].where(df["world_size"] > 0, df["ranks_seen"])
+    df["first_seen"] = as_datetime(df["first_seen_ns"])
+    df["last_seen"] = as_datetime(df["last_seen_ns"])
+    df["last_seen_age_s"] = ((now - df["last_seen_ns"]) / 1e9).round(1)
+    return df[JOBS_COLUMNS].reset_index(drop=True)
+
+
+# Ranks of a job ---------------------------------------------------------------------------------
+
+RANKS_COLUMNS = ["rank", "state", "host", "pid", "local_rank", "last_step", "median_step_ms",
+                 "median_busy_ms", "median_comm_ms", "busy_z", "heartbeat_age_s", "since_step_s",
+                 "dropped", "alerts", "exit_reason", "exit_detail"]
+
+
+def rank_rows(store: Store, job: str, recent_steps: int = 50, now_ns: int | None = None) -> pd.DataFrame:
+    """Raw per-rank facts of one job (no state yet): identity, progress, recent medians, heartbeat.
+
+    Medians are over each rank's last ``recent_steps`` steps. ``heartbeat_age_s`` is the time since
+    the newest of the rank's last heartbeat and its last ``ranks`` update; ``stats_state`` is the
+    newest ``worker_stats.state`` ('' when the processors wrote none).
+    """
+    check_positive("recent_steps", recent_steps)
+    db = store.database
+    sql = f"""
+        WITH
+          r AS (
+            SELECT rank, argMax(host, last_seen_ns) AS r_host, argMax(pid, last_seen_ns) AS r_pid,
+                   argMax(local_rank, last_seen_ns) AS r_local,
+                   argMax(last_step, last_seen_ns) AS r_step, max(last_seen_ns) AS r_seen,
+                   argMax(exit_reason, last_seen_ns) AS r_exit,
+                   argMax(exit_detail, last_seen_ns) AS r_detail
+            FROM {db}.ranks WHERE job = {{job:String}} GROUP BY rank),
+          m AS (
+            SELECT rank, max(step) AS m_step FROM {db}.steps WHERE job = {{job:String}} GROUP BY rank),
+          s AS (
+            SELECT rank, max(step) AS s_step, max(end_ns) AS s_end,
+                   quantileExact(0.5)(duration_ns) AS med_step_ns,
+                   quantileExact(0.5)(busy_ns) AS med_busy_ns,
+                   quantileExact(0.5)(comm_ns) AS med_comm_ns,
+                   any(host) AS s_host, any(pid) AS s_pid
+            FROM (SELECT rank, step, end_ns, duration_ns, busy_ns, comm_ns, host, pid
+                  FROM {db}.steps
+                  WHERE job = {{job:String}}
+                    -- every rank's last n steps lie above the slowest rank's last step - n; this
+                    -- bound lets the primary key skip the older granules before LIMIT BY sorts
+                    AND step > (SELECT min(m_step) FROM m) - {{n:UInt32}}
+                  ORDER BY rank, step DESC LIMIT {{n:UInt32}} BY rank)
+            GROUP BY rank),
+          h AS (
+            SELECT rank, max(ts_ns) AS hb_ns, argMax(since_step_s, ts_ns) AS hb_since,
+                   argMax(dropped, ts_ns) AS hb_dropped, argMax(step, ts_ns) AS hb_step
+            FROM {db}.heartbeats WHERE job = {{job:String}} GROUP BY rank),
+          w AS (
+            SELECT rank, argMax(state, ts_ns) AS w_state, argMax(busy_z, ts_ns) AS w_z
+            FROM {db}.worker_stats WHERE job = {{job:String}} GROUP BY rank)
+        SELECT rank,
+               if(r_host != '', toString(r_host), toString(s_host)) AS host,
+               if(r_pid != 0, r_pid, s_pid) AS pid,
+               r_local AS local_rank,
+               greatest(r_step, s_step, hb_step) AS last_step,
+               greatest(r_seen, s_end, hb_ns) AS seen_ns,
+               med_step_ns, med_busy_ns, med_comm_ns, w_z AS busy_z, hb_since AS since_step_s,
+               hb_dropped AS dropped, toString(w_state) AS stats_state,
+               toString(r_exit) AS exit_reason, r_detail AS exit_detail
+        FROM r FULL OUTER JOIN s USING (rank)
+        LEFT JOIN h USING (rank)
+        LEFT JOIN w USING (rank)
+        ORDER BY rank
+    """
+    df = store.query_df(sql, {"job": job, "n": int(recent_steps)})
+    if df.empty:
+        return df
+    now = now_or_wall_ns(now_ns)
+    df["heartbeat_age_s"] = ((now - df["seen_ns"]) / 1e9).round(1)
+    for c in ("step", "busy", "comm"):
+        df[f"median_{c}_ms"] = (df[f"med_{c}_ns"].astype(float) / 1e6).round(2)
+    df["busy_z"] = df["busy_z"].astype(float).round(2)
+    return df
+
+
+def derive_rank_states(rows: pd.DataFrame, open_alerts: pd.DataFrame,
+                       dead_after_s: float = 6.0) -> pd.DataFrame:
+    """Add ``state`` and ``alerts`` to :func:`rank_rows` output. Pure; no I/O.
+
+    Steps, first match wins (most severe first):
+      1. ``exited``: the rank sent an exit record (normal end, exception or signal).
+      2. ``dead``: an open ``dead_rank`` alert names it, or no heartbeat for ``dead_after_s``.
+      3. ``hung``: an open ``hang`` alert names it as a culprit, or the processors say so.
+      4. ``slow``: an open ``slow_rank`` alert names it, or the processors' state is slow.
+      5. ``running`` otherwise.
+    """
+    check_positive("dead_after_s", dead_after_s)
+    df = rows.copy()
+    if df.empty:
+        return pd.DataFrame(columns=RANKS_COLUMNS)
+    named: dict[str, set[int]] = {"dead_rank": set(), "hang": set(), "slow_rank": set()}
+    per_rank: dict[int, list[str]] = {}
+    if not open_alerts.empty:
+        for kind, ranks in zip(open_alerts["kind"], open_alerts["ranks"], strict=True):
+            for r in ranks:
+                named.setdefault(kind, set()).add(int(r))
+                per_rank.setdefault(int(r), []).append(kind)
+
+    def state(row: Any) -> str:
+        rank = int(row["rank"])
+        stats = STATS_STATE_MAP.get(str(row.get("stats_state") or ""), "")
+        if row.get("exit_reason"):
+            return "exited"
+        if rank in named["dead_rank"] or stats == "dead" or row["heartbeat_age_s"] > dead_after_s:
+            return "dead"
+        if rank in named["hang"] or stats == "hung":
+            return "hung"
+        if rank in named["slow_rank"] or stats == "slow":
+            return "slow"
+        return "running"
+
+    df["state"] = df.apply(state, axis=1)
+    df["alerts"] = [", ".join(sorted(set(per_rank.get(int(r), [])))) for r in df["rank"]]
+    for c in RANKS_COLUMNS:
+        if c not in df.columns:
+            df[c] = None
+    return df[RANKS_COLUMNS].reset_index(drop=True)
+
+
+def ranks(store: Store, job: str, recent_steps: int = 50, dead_after_s: float = 6.0,
+          now_ns: int | None = None) -> pd.DataFrame:
+    """The ranks table of a job: :data:`RANKS_COLUMNS`, one row per rank, ordered by rank."""
+    rows = rank_rows(store, job, recent_steps=recent_steps, now_ns=now_ns)
+    open_ = alerts(store, job=job, include_resolved=False, now_ns=now_ns)
+    return derive_rank_states(rows, open_, dead_after_s=dead_after_s)
+
+
+# Step times -------------------------------------------------------------------------------------
+
+STEP_COLUMNS = ["rank", "step", "step_ms", "busy_ms", "comm_ms"]
+
+
+def step_times(store: Store, job: str, last_n: int = 200) -> pd.DataFrame:
+    """Per-rank step times over the job's last ``last_n`` steps (long format, for a line chart).
+
+    Columns: rank, step, step_ms (wall), busy_ms (step minus collective wait), comm_ms.
+    """
+    check_positive("last_n", last_n)
+    db = store.database
+    sql = f"""
+        SELECT rank, step, max(duration_ns) / 1e6 AS step_ms, max(busy_ns) / 1e6 AS busy_ms,
+               max(comm_ns) / 1e6 AS comm_ms
+        FROM {db}.steps
+        WHERE job = {{job:String}}
+          AND step > (SELECT max(step) FROM {db}.steps WHERE job = {{job:String}}) - {{n:Int64}}
+        GROUP BY rank, step
+        ORDER BY rank, step
+    """
+    df = store.query_df(sql, {"job": job, "n": int(last_n)})
+    return df if not df.empty else pd.DataFrame(columns=STEP_COLUMNS)
+
+
+FLIGHT_COLUMNS = ["rank", "sent", "request_id", "reason", "steps", "first_step", "last_step", "stacks"]
+
+
+def flight_records(store: Store, job: str, limit: int = 64) -> pd.DataFrame:
+    """The latest flight-recorder dump of each rank of a job (:data:`FLIGHT_COLUMNS`, by rank).
+
+    ``steps`` = step records in the dump; ``first_step``/``last_step`` their range (-1 if none);
+    ``stacks`` = the dump's thread stacks as a list of ``{"thread", "frames"}`` (outermost first).
+    """
+    check_positive("limit", limit)
+    sql = f"""
+        SELECT rank, max(ts_ns) AS last_ns, argMax(request_id, ts_ns) AS req,
+               argMax(reason, ts_ns) AS why, argMax(steps, ts_ns) AS step_json, argMax(stacks, ts_ns) AS stack_json
+        FROM {store.database}.flight_records
+        WHERE job = {{job:String}}
+        GROUP BY rank ORDER BY rank LIMIT {{n:Int64}}
+    """
+    df = store.query_df(sql, {"job": job, "n": int(limit)})
+    if df.empty:
+        return pd.DataFrame(columns=FLIGHT_COLUMNS)
+
+    def parse(text: str) -> list[Any]:
+        try:
+            v = json.loads(text) if text else []
+        except ValueError:
+            return []
+        return v if isinstance(v, list) else []
+
+    steps = df["step_json"].map(parse)
+    return pd.DataFrame({
+        "rank": df["rank"].astype(int), "sent": as_datetime(df["last_ns"]), "request_id": df["req"],
+        "reason": df["why"], "steps": steps.map(len),
+        "first_step": steps.map(lambda s: int(s[0][0]) if s and isinstance(s[0], list) and s[0] else -1),
+        "last_step": steps.map(lambda s: int(s[-1][0]) if s and isinstance(s[-1], list) and s[-1] else -1),
+        "stacks": df["stack_json"].map(parse)})[FLIGHT_COLUMNS]
+
+
+HEATMAP_METRICS = {"step_ms": "duration_ns", "busy_ms": "busy_ns", "comm_ms": "comm_ns"}
+
+
+def step_time_heatmap(store: Store, job: str, metric: str = "step_ms", last_n: int = 400,
+                      max_cols: int = 100) -> pd.DataFrame:
+    """Rank x step heatmap frame for large jobs: median ``metric`` per rank and bin of steps.
+
+    ``metric`` is one of :data:`HEATMAP_METRICS` (step_ms, busy_ms, comm_ms). Steps are binned so
+    that at most ``max_cols`` columns come back; ``step`` is the first step of its bin. Long
+    format: rank, step, <metric>.
+    """
+    if metric not in HEATMAP_METRICS:
+        raise ValueError(f"metric must be one of {sorted(HEATMAP_METRICS)}, got {metric!r}")
+    check_positive("last_n", last_n)
+    check_positive("max_cols", max_cols)
+    width = max(1, -(-int(last_n) // int(max_cols)))
+    db = store.database
+    sql = f"""
+        SELECT rank, intDiv(step, {{w:UInt32}}) * {{w:UInt32}} AS step_bin,
+               quantile(0.5)({HEATMAP_METRICS[metric]}) / 1e6 AS value
+        FROM {db}.steps
+        WHERE job = {{job:String}}
+          AND step > (SELECT max(step) FROM {db}.steps WHERE job = {{job:String}}) - {{n:Int64}}
+        GROUP BY rank, step_bin
+        ORDER BY rank, step_bin
+    """
+    df = store.query_df(sql, {"job": job, "n": int(last_n), "w": width})
+    df = df.rename(columns={"step_bin": "step", "value": metric})
+    return df if not df.empty else pd.DataFrame(columns=["rank", "step", metric])
+
+
+def lost_rank_seconds(store: Store, job: str | None = None, now_ns: int | None = None) -> pd.DataFrame:
+    """Lost rank-seconds per alert of a job (or all jobs): :data:`LOST_COLUMNS`, costliest first."""
+    al = alerts(store, job=job, now_ns=now_ns)
+    js = jobs(store, now_ns=now_ns)
+    return lost_time(al, dict(zip(js["job"], js["world_size"], strict=True)))
