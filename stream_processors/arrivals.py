@@ -27,8 +27,9 @@ that much, small against the steps of a job whose ranks span hosts.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any
 
+from rankscope.last_arrivals import Step, latest_horizon
 from rankscope.wire import Envelope, WireError, split_beat
 
 ARRIVAL_STEPS = 128        # passed steps per shard summary (about 3 KB)
@@ -79,16 +80,6 @@ class ShardArrivals:
             a, r, d, a2 = self.tops[s]
             out.append([s, a, r, a - a2 if a2 >= 0 else -1, d])
         return out
-
-
-class Step(NamedTuple):
-    """One complete step of the job: its last rank, that rank's lead over the second, the step time."""
-
-    step: int
-    rank: int
-    saving_ns: int       # last arrival minus the second-to-last
-    dur_ns: int          # the last rank's step time
-    arrival_ns: int      # when the last rank arrived (event time)
 
 
 def parse_arrivals(agg: dict[str, Any]) -> list[tuple[int, int, int, int, int]]:
@@ -148,13 +139,4 @@ class ArrivalLedger:
     def horizon(self, min_s: float, min_steps: int) -> list[Step]:
         """The newest complete steps that span at least ``min_s`` seconds and ``min_steps`` steps;
         empty while the ledger holds less."""
-        if len(self.steps) < max(2, min_steps):
-            return []
-        newest = self.steps[-1].arrival_ns
-        out: list[Step] = []
-        for st in reversed(self.steps):
-            out.append(st)
-            if len(out) >= min_steps and newest - st.arrival_ns >= min_s * 1e9:
-                out.reverse()
-                return out
-        return []
+        return latest_horizon(self.steps, min_s, min_steps)

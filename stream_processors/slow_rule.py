@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from rankscope.alerts import Alert
 from rankscope.config import Settings
-from stream_processors.arrivals import ArrivalLedger, Step, parse_arrivals
+from rankscope.last_arrivals import Step, enter_share, horizon_stats
+from stream_processors.arrivals import ArrivalLedger, parse_arrivals
 from stream_processors.job_view import JobView
 from stream_processors.summary import ShardSummary, hist_quantile
 
@@ -43,29 +44,9 @@ if TYPE_CHECKING:
 
 MAX_ALERT_RANKS = 256
 MAX_DETAIL_RANKS = 64
-ENTER_SHARE = 0.45          # last at this share of the horizon's steps: slow
 PERSIST_FRACTION = 0.5      # slow and costly for this fraction of straggler_min_s before it is alerted
 LEAVE_SHARE_DROP = 0.10     # a named rank leaves below enter_share minus this ...
 LEAVE_COST_FRACTION = 0.5   # ... or below this fraction of the cost gate
-
-
-def enter_share(n_ranks: int) -> float:
-    """The last share that makes a rank slow in a job of ``n_ranks`` (fair share is 1/n)."""
-    return max(ENTER_SHARE, 1.5 / max(n_ranks, 1))
-
-
-def horizon_stats(horizon: list[Step]) -> dict[int, tuple[float, float]]:
-    """``(last share, cost share)`` of every rank that arrived last at a step of ``horizon``
-    (a step whose last two arrivals tie counts for no one)."""
-    total_ns = sum(s.dur_ns for s in horizon)
-    count: dict[int, int] = {}
-    lead: dict[int, int] = {}
-    for s in horizon:
-        if s.saving_ns <= 0:
-            continue
-        count[s.rank] = count.get(s.rank, 0) + 1
-        lead[s.rank] = lead.get(s.rank, 0) + s.saving_ns
-    return {r: (c / len(horizon), lead[r] / total_ns if total_ns > 0 else 0.0) for r, c in count.items()}
 
 
 @dataclass

@@ -65,6 +65,7 @@ from dashboard.queries.jobs import (  # noqa: F401
     lost_rank_seconds,
     rank_rows,
     ranks,
+    slow_watch,
     step_time_heatmap,
     step_times,
 )

@@ -9,6 +9,8 @@ import pandas as pd
 
 from dashboard.queries.alerts import alerts, lost_time
 from dashboard.queries.common import STATS_STATE_MAP, as_datetime, check_positive, now_or_wall_ns
+from rankscope.last_arrivals import slow_watch as last_arrivals_slow_watch
+from rankscope.last_arrivals import steps_from_records
 from rankscope.sql_guard import READONLY_STATEMENTS as READONLY_STATEMENTS
 from rankscope.sql_guard import SqlRefused as SqlRefused
 from rankscope.sql_guard import check_readonly_sql as check_readonly_sql
@@ -151,20 +153,22 @@ def rank_rows(store: Store, job: str, recent_steps: int = 50, now_ns: int | None
 
 
 def derive_rank_states(rows: pd.DataFrame, open_alerts: pd.DataFrame,
-                       dead_after_s: float = 6.0) -> pd.DataFrame:
+                       dead_after_s: float = 6.0, watched_slow: set[int] | None = None) -> pd.DataFrame:
     """Add ``state`` and ``alerts`` to :func:`rank_rows` output. Pure; no I/O.
 
     Steps, first match wins (most severe first):
       1. ``exited``: the rank sent an exit record (normal end, exception or signal).
       2. ``dead``: an open ``dead_rank`` alert names it, or no heartbeat for ``dead_after_s``.
       3. ``hung``: an open ``hang`` alert names it as a culprit, or the processors say so.
-      4. ``slow``: an open ``slow_rank`` alert names it, or the processors' state is slow.
+      4. ``slow``: an open ``slow_rank`` alert names it, the processors' state is slow, or it is in
+         ``watched_slow`` (a straggler below the alert's cost gate).
       5. ``running`` otherwise.
     """
     check_positive("dead_after_s", dead_after_s)
     df = rows.copy()
     if df.empty:
         return pd.DataFrame(columns=RANKS_COLUMNS)
+    watched = watched_slow or set()
     named: dict[str, set[int]] = {"dead_rank": set(), "hang": set(), "slow_rank": set()}
     per_rank: dict[int, list[str]] = {}
     if not open_alerts.empty:
@@ -182,7 +186,7 @@ def derive_rank_states(rows: pd.DataFrame, open_alerts: pd.DataFrame,
             return "dead"
         if rank in named["hang"] or stats == "hung":
             return "hung"
-        if rank in named["slow_rank"] or stats == "slow":
+        if rank in named["slow_rank"] or stats == "slow" or rank in watched:
             return "slow"
         return "running"
 
@@ -195,11 +199,36 @@ def derive_rank_states(rows: pd.DataFrame, open_alerts: pd.DataFrame,
 
 
 def ranks(store: Store, job: str, recent_steps: int = 50, dead_after_s: float = 6.0,
-          now_ns: int | None = None) -> pd.DataFrame:
-    """The ranks table of a job: :data:`RANKS_COLUMNS`, one row per rank, ordered by rank."""
+          now_ns: int | None = None, slow_min_s: float = 10.0, slow_min_steps: int = 20) -> pd.DataFrame:
+    """The ranks table of a job: :data:`RANKS_COLUMNS`, one row per rank, ordered by rank. A rank is
+    ``slow`` also when it is a straggler below the processors' cost gate (:func:`slow_watch` over
+    ``slow_min_s`` / ``slow_min_steps``, the processors' ``straggler_min_s`` / ``straggler_min_slow_steps``)."""
     rows = rank_rows(store, job, recent_steps=recent_steps, now_ns=now_ns)
     open_ = alerts(store, job=job, include_resolved=False, now_ns=now_ns)
-    return derive_rank_states(rows, open_, dead_after_s=dead_after_s)
+    watched = set(slow_watch(store, job, len(rows), slow_min_s, slow_min_steps)) if len(rows) >= 3 else set()
+    return derive_rank_states(rows, open_, dead_after_s=dead_after_s, watched_slow=watched)
+
+
+def slow_watch(store: Store, job: str, n_ranks: int, min_s: float = 10.0, min_steps: int = 20,
+               max_steps: int = 400) -> dict[int, tuple[float, float]]:
+    """Ranks that arrive last at the job's collectives often enough to be slow, over its newest
+    complete steps (at most ``max_steps``): rank -> (last share, cost share), as the processors'
+    slow-rank rule judges them (rankscope/last_arrivals.py), alerted or not."""
+    check_positive("min_s", min_s)
+    if n_ranks < 3:
+        return {}
+    sql = f"""
+        SELECT rank, step, start_ns, end_ns, comm_ns FROM {store.database}.steps
+        WHERE job = {{job:String}} AND step > (
+            SELECT max(step) FROM {store.database}.steps WHERE job = {{job:String}}) - {{max_steps:Int64}}
+        LIMIT 1 BY job, rank, step
+    """
+    df = store.query_df(sql, {"job": job, "max_steps": int(max_steps)})
+    if df.empty:
+        return {}
+    records = zip(df["rank"], df["step"], df["start_ns"], df["end_ns"], df["comm_ns"], strict=True)
+    steps = steps_from_records(records, n_ranks)
+    return last_arrivals_slow_watch(steps, n_ranks, min_s, min_steps)
 
 
 # Step times -------------------------------------------------------------------------------------

@@ -83,7 +83,8 @@ def flight_panel(cfg: Settings, job: str) -> None:
 
 
 def panel(cfg: Settings, job: str) -> None:
-    ranks = ui.query(cfg, "ranks", job=job, dead_after_s=cfg.dead_after_s)
+    ranks = ui.query(cfg, "ranks", job=job, dead_after_s=cfg.dead_after_s, slow_min_s=cfg.straggler_min_s,
+                     slow_min_steps=cfg.straggler_min_slow_steps)
     alerts = ui.query(cfg, "alerts", job=job)
     jobs = ui.query(cfg, "jobs")
     row = jobs[jobs["job"] == job]
