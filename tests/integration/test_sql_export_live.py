@@ -1,7 +1,7 @@
-"""``rankscope sql`` and ``rankscope export`` while ``rankscope serve`` holds the embedded store.
+"""``rankscope sql`` and ``rankscope export`` while ``rankscope up`` runs (its serve holds the embedded store).
 
-Real parts: the fixtures' Kafka broker, a ``rankscope serve`` process (sink + dashboard + the
-loopback query endpoint) on embedded chDB, a shared trace set replayed into it with
+Real parts: the fixtures' Kafka broker, ``rankscope up`` (a supervisor running processors and
+serve: sink + dashboard + the loopback query endpoint) on embedded chDB, a shared trace set replayed into it with
 ``rankscope replay``, and the two commands as child processes (they cannot open the store: serve
 holds it).
 """
@@ -21,7 +21,7 @@ import pytest
 
 from rankscope.config import Settings
 from storage.query_endpoint import endpoint_path
-from tests.integration.helpers import REPO, child_env, free_port, stop_process, tail, wait_until
+from tests.integration.helpers import REPO, child_env, free_port, tail, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse]
 
@@ -50,19 +50,22 @@ def sql_json(settings: Settings, statement: str) -> list[dict]:
 
 @pytest.fixture
 def served(fresh_topics: Settings, tmp_path: Path):
-    settings = fresh_topics.with_overrides(data_dir=str(tmp_path), clickhouse_dsn=f"chdb://{tmp_path / 'ch'}",
+    """``rankscope up`` on the fixtures' broker: the supervisor runs processors and serve, and serve
+    holds the embedded store; ``rankscope down`` at the end."""
+    settings = fresh_topics.with_overrides(bootstrap_servers=fresh_topics.bootstrap, data_dir=str(tmp_path),
+                                           clickhouse_dsn=f"chdb://{tmp_path / 'ch'}",
                                            dashboard_port=free_port(), sink_group=f"sql-{uuid.uuid4().hex[:8]}",
-                                           sink_batch_s=0.2)
-    log = tmp_path / "serve.log"
-    proc = subprocess.Popen([sys.executable, "-m", "rankscope", "serve"], env=child_env(settings), cwd=REPO,
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+                                           sink_batch_s=0.2, metrics_port_processors=0, metrics_port_serve=0)
+    up = cli(settings, "up", timeout_s=300)
     try:
-        wait_until(lambda: proc.poll() is not None or endpoint_path(tmp_path).exists(), 120, "serve's query endpoint")
-        assert proc.poll() is None, tail(log)
+        assert up.returncode == 0, up.stdout + up.stderr
+        wait_until(lambda: endpoint_path(tmp_path).exists(), 120, "serve's query endpoint")
         yield settings
     finally:
-        stop_process(proc, timeout_s=60)
-        print("serve log:\n" + tail(log))
+        down = cli(settings, "down", timeout_s=120)
+        for log in sorted((tmp_path / "logs").glob("*.log")):
+            print(f"{log.name}:\n" + tail(log))
+        assert down.returncode == 0, down.stdout + down.stderr
     assert not endpoint_path(tmp_path).exists()   # serve removed its endpoint file on the way out
 
 
