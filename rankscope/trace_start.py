@@ -14,12 +14,14 @@ START_LEAD_NS = 3_000_000_000   # planned windows start this far ahead, so that 
 
 
 def plan_start_step(rows: list[dict[str, Any]], now_ns: int, lead_ns: int, margin_steps: int = 2) -> int:
-    """The step every rank should start a window at, from each rank's latest ``step``, the wall time
-    ``ts_ns`` it was seen and its ``median_step_ns``: the furthest rank extrapolated to ``lead_ns``
-    from now, plus ``margin_steps``; 0 (start by time) when a row lacks a step or a step time."""
+    """The step every rank should start a window at, from each rank's latest ``step``, when it ended
+    (``step_end_ns``; else ``ts_ns``, when it was seen, which is later) and its ``median_step_ns``:
+    the furthest rank extrapolated to ``lead_ns`` from now, plus ``margin_steps``; 0 (start by time)
+    when a row lacks a step or a step time."""
     best = 0
     for r in rows:
-        step, ts, median = r.get("step"), r.get("ts_ns"), r.get("median_step_ns")
+        step, median = r.get("step"), r.get("median_step_ns")
+        ts = r.get("step_end_ns") or r.get("ts_ns")
         if not (isinstance(step, int) and step >= 0 and isinstance(ts, int) and isinstance(median, int) and median > 0):
             return 0
         ahead = max(0, now_ns + lead_ns - ts) // median

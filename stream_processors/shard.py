@@ -192,6 +192,7 @@ class ShardJob:
                          "median_step_ns": step_med,
                          "p95_step_ns": durs[min(len(durs) - 1, int(0.95 * len(durs)))] if durs else 0,
                          "median_busy_ns": busy_med, "median_comm_ns": comm_med, "busy_z": round(z_of.get(r, 0.0), 3),
+                         "step_end_ns": st.last_step_end_ns,
                          "state": state})
         return [rows[i:i + STATS_ROWS_PER_MESSAGE] for i in range(0, len(rows), STATS_ROWS_PER_MESSAGE)]
 

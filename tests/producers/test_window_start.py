@@ -146,3 +146,14 @@ def test_every_rank_opens_the_later_windows_of_a_step_period_at_the_same_steps()
                 wc._rearm()
         starts.append(begun)
     assert starts[0] == starts[1] == [20, 30, 40, 50, 60]
+
+
+def test_the_plan_extrapolates_from_when_the_step_ended_not_when_it_was_reported() -> None:
+    from rankscope.trace_start import plan_start_step
+
+    now = 10**18
+    seen_late = {"rank": 0, "step": 100, "ts_ns": now, "median_step_ns": 100_000_000}
+    assert plan_start_step([seen_late], now, 0) == 103
+    # The stats were sent 2 s after that step ended: the rank is 20 steps further by now.
+    ended = {**seen_late, "step_end_ns": now - 2 * 10**9}
+    assert plan_start_step([ended], now, 0) == 123

@@ -32,3 +32,10 @@ def test_busy_z_needs_three_ranks_and_floors_its_scale():
     assert busy_z_scores({0: 10, 1: 20}) == {}
     z = busy_z_scores({0: 1_000_000, 1: 1_000_000, 2: 1_000_000, 3: 1_100_000})
     assert z[3] == 2.0 and z[0] == 0.0     # MAD 0: scale = 5% of the median
+
+
+def test_stats_rows_say_when_each_ranks_last_step_ended():
+    sj = ShardJob("j", 0)
+    sj.apply(beat(0, 20, 60_000_000), 10.0, S)
+    [rows] = sj.stats_chunks(10.0, S)
+    assert rows[0]["step"] == 19 and rows[0]["step_end_ns"] == 20 * STEP_NS
