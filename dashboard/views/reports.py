@@ -89,6 +89,16 @@ def render(row: pd.Series) -> None:
         _generic(report if isinstance(report, dict) else body)
 
 
+def preselected(shown: pd.DataFrame, window: str | None):
+    """The row of the report a ``?window=`` link names: its window id, or the request id its windows
+    are numbered from (``tw12ab34cd`` names ``tw12ab34cd-0``, the newest first); None when none matches."""
+    if not window:
+        return None
+    ids = shown["window_id"].astype(str)
+    hit = shown.index[(ids == window) | ids.str.startswith(f"{window}-")]
+    return hit[0] if len(hit) else None
+
+
 def _generic(body: dict | str) -> None:
     for section in queries.report_sections(body):
         st.subheader(section.title.replace("_", " "))
@@ -121,7 +131,10 @@ if cfg is not None:
             column_config={"job": "Job", "window_id": "Window",
                            "created": st.column_config.DatetimeColumn("Created (UTC)", format="YYYY-MM-DD HH:mm:ss"),
                            "verdict": "Verdict", "size": st.column_config.NumberColumn("Bytes", format="%d")})
-        pick = f[1].selectbox("Report", list(labels), format_func=lambda i: labels[i])
+        ids = list(labels)
+        wanted = preselected(shown, st.query_params.get("window"))
+        pick = f[1].selectbox("Report", ids, index=ids.index(wanted) if wanted in ids else 0,
+                              format_func=lambda i: labels[i])
         if pick is not None:
             render(shown.loc[pick])
         st.caption(f"{len(reports)} report{'s' if len(reports) != 1 else ''}; the SQL console reads them too: "

@@ -83,6 +83,9 @@ def show_acks(last: dict) -> None:
         st.dataframe(pd.DataFrame({"rank": [a.rank for a in acks], "status": [a.status for a in acks],
                                    "detail": [a.detail for a in acks], "window": [a.window_id for a in acks]}),
                      hide_index=True)
+    if acks and not last["what"].startswith("stop"):
+        st.markdown(f"Its report, once the window is analysed: [Reports](reports?job={last['job']}"
+                    f"&window={last['request_id']})")
     if not acks:
         st.warning(f"No acknowledgement within {control.ACK_WAIT_S:g} s: the ranks are not running, cannot "
                    "reach Kafka, or run with RANKSCOPE_CONTROL_ENABLED=0. Windows that start later still "

@@ -115,6 +115,21 @@ def test_reports_page_reads_like_a_diagnosis(app_env, monkeypatch):
     assert len(at.get("vega_lite_chart")) == 3
 
 
+def test_reports_page_window_link_picks_that_report(app_env, monkeypatch):
+    body = json.dumps(diagnosis_report())
+    monkeypatch.setattr(q, "reports", lambda store, **kw: pd.DataFrame(
+        {"job": ["dj", "dj"], "window_id": ["auto-dj-1-0", "tw12ab34cd-0"],
+         "created": [pd.Timestamp("2026-01-01 00:00:02"), pd.Timestamp("2026-01-01 00:00:01")],
+         "created_ns": [2, 1], "body": [body, body]}))
+    newest = page_text(open_page("views/reports.py", job="dj"))
+    assert "window `auto-dj-1-0`" in newest
+    for link in ("tw12ab34cd", "tw12ab34cd-0"):           # the request id, or the window id
+        at = open_page("views/reports.py", job="dj", window=link)
+        assert not at.exception, at.exception
+        assert "window `tw12ab34cd-0`" in page_text(at)
+    assert "window `auto-dj-1-0`" in page_text(open_page("views/reports.py", job="dj", window="tw-none"))
+
+
 # In a real browser, on a replayed multi-rank window ---------------------------------------------------
 
 STORE_REPORT = r"""

@@ -243,8 +243,10 @@ def test_traces_page_sends_a_request_and_shows_acks(app_env, monkeypatch):
     acks = at.dataframe[0].value
     assert list(acks["status"]) == ["accepted", "rejected"]
     assert f"Request `{req.request_id}`" in page_text(at)
+    assert f"(reports?job={sd.HANG_JOB}&window={req.request_id})" in page_text(at)
     at.button[1].click().run()       # "Stop windows"
     assert not at.exception and sent[1][0].stop
+    assert "(reports?job=" not in page_text(at)
 
 
 @pytest.mark.clickhouse

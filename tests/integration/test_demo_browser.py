@@ -72,7 +72,7 @@ def request_window_and_find_report(page, base: str, job: str) -> None:
     screenshot(page, "demo_traces")
     deadline = time.monotonic() + 180
     while True:
-        page.goto(f"{base}/reports?job={job}")
+        page.goto(f"{base}/reports?job={job}&window={request_id}")   # other reports (automatic windows) may be newer
         try:
             wait_for_text(page, request_id, 10)
             break
