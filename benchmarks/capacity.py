@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from rankscope.stream_processors.app import app_id
 
 from benchmarks._stack import env_for, local_stack
 from rankscope.admin import admin_client, ensure_topics
 from rankscope.config import Settings
 from rankscope.topics import Topic
-from stream_processors.app import app_id
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RANKS = 10_000

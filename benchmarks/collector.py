@@ -163,8 +163,8 @@ def conversion_costs(settings: Settings) -> dict[str, Any]:
     ``events()`` list (what the Python reader starts from), the Python reader on top of it, the C++
     reader (``native_extract``, none when not built), columns, summary, chunks; and columns plus
     summary with the C++ kernels (``native_columnar_summarize``)."""
-    from producers.native_extract import load_native
-    from producers.trace_events import chunk, extract_raw, summarize, to_columnar
+    from rankscope.producers.native_extract import load_native
+    from rankscope.producers.trace_events import chunk, extract_raw, summarize, to_columnar
 
     native = load_native(settings.cache_dir)
     stages: dict[str, list[float]] = {"events": [], "extract": [], "native_extract": [], "columnar": [],
@@ -203,7 +203,7 @@ def conversion_costs(settings: Settings) -> dict[str, Any]:
 
 def _tile(raw: Any, copies: int) -> Any:
     """``copies`` back-to-back copies of a window's RawEvents (python ids and rows re-numbered)."""
-    from producers.trace_extract import RawEvents
+    from rankscope.producers.trace_extract import RawEvents
 
     starts = raw.py["start_ns"] + raw.host["start_ns"]
     span = max(starts) - min(starts) + 1000
@@ -231,8 +231,8 @@ def encode_and_produce(settings: Settings) -> dict[str, Any]:
     reader's) to acknowledged Kafka messages:
     columns, summary, chunks, wire envelopes, produce, flush. Median of 3 runs."""
     from confluent_kafka import Producer
+    from rankscope.producers.trace_events import chunk, extract_raw, summarize, summary_body, to_columnar
 
-    from producers.trace_events import chunk, extract_raw, summarize, summary_body, to_columnar
     from rankscope.wire import Envelope, encode
 
     one = extract_raw(_record_window())
@@ -285,7 +285,7 @@ class _CountingTransport:
 
 
 def always_on_bytes(step_s: float, seconds: float = 6.0) -> float:
-    from producers.tracer import Tracer
+    from rankscope.producers.tracer import Tracer
 
     t = _CountingTransport()
     tracer = Tracer(Settings(job_id="bench", rank=0, local_rank=0, world_size=8, control_enabled=False),
@@ -299,7 +299,7 @@ def always_on_bytes(step_s: float, seconds: float = 6.0) -> float:
 
 
 def tracer_memory(settings: Settings) -> dict[str, Any]:
-    from producers.tracer import Tracer
+    from rankscope.producers.tracer import Tracer
 
     proc = psutil.Process()
     out = {}

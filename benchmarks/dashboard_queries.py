@@ -8,7 +8,7 @@ Builds a chDB store in a temp dir, the way the sink writes (column batches throu
 - job ``bench-8``: 8 ranks x 10,000 steps (the job page draws line charts, not a heatmap, below 64 ranks);
 - ``hw_samples``: 5 GPU metrics per GPU per second over the same ~17 minutes.
 
-Then times each query function of :mod:`dashboard.queries` the pages call (median of ``REPEATS``
+Then times each query function of :mod:`rankscope.dashboard.queries` the pages call (median of ``REPEATS``
 runs after one cold run, which is reported too). Target: under 1 s each (the host page's two
 queries are timed for reference). ``steps_parts_at_query_time`` shows how merged the table was.
 Run alone with ``python -m benchmarks.dashboard_queries``.
@@ -26,9 +26,8 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-
-from dashboard import queries as q
-from storage.store import Store, close_store, open_store
+from rankscope.dashboard import queries as q
+from rankscope.storage.store import Store, close_store, open_store
 
 RANKS = 1_000
 GPUS_PER_HOST = 8

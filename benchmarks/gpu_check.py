@@ -84,7 +84,7 @@ def _train(tracer: Any, device: str, steps: int, batch: int, width: int, window_
 
 def _request_window(tracer: Any) -> dict[str, Any]:
     try:
-        import producers.trace_window  # noqa: F401
+        import rankscope.producers.trace_window  # noqa: F401
     except ImportError:
         print("trace windows: not available in this build")
         return {"requested": False, "reason": "not available in this build"}
@@ -195,11 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     import clickhouse_connect  # noqa: F401
     import pandas  # noqa: F401
     import pyarrow  # noqa: F401
+    from rankscope.producers.tracer import Tracer
+    from rankscope.storage.sink import Sink
+    from rankscope.storage.store import close_store, open_store
 
     from benchmarks._stack import local_stack
-    from producers.tracer import Tracer
-    from storage.sink import Sink
-    from storage.store import close_store, open_store
 
     gpu = _gpu_info() if device == "cuda" else {}
     if gpu:

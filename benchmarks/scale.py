@@ -52,6 +52,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+from rankscope.stream_processors.app import app_id
 
 from benchmarks._stack import env_for, free_port
 from rankscope.admin import admin_client, ensure_topics
@@ -59,7 +60,6 @@ from rankscope.alerts import Alert
 from rankscope.broker import LocalBroker
 from rankscope.config import Settings
 from rankscope.topics import Topic
-from stream_processors.app import app_id
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent

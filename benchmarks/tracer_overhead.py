@@ -35,7 +35,8 @@ def step_call_cost_us(n: int = 200_000) -> float:
     """In-process cost of one ``tracer.step()`` call (no I/O on the calling thread)."""
     import time
 
-    from producers.tracer import Tracer
+    from rankscope.producers.tracer import Tracer
+
     from rankscope.config import Settings
 
     class Null:

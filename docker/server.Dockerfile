@@ -9,7 +9,6 @@ COPY producers producers
 COPY stream_processors stream_processors
 COPY storage storage
 COPY dashboard dashboard
-COPY benchmarks benchmarks
 RUN pip wheel --no-cache-dir --no-deps -w /dist .
 
 FROM python:3.11-slim

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+from rankscope.producers.untraced import leave_profiler
 
-from producers.untraced import leave_profiler
 from rankscope.kafka_client import FirstFailureOnly, auth_error_cb, failure_kind
 from rankscope.wire import WireError, decode
 

@@ -2,7 +2,7 @@
 
 Under DDP the gradients are all-reduced inside ``backward()`` (by DDP's C++ reducer), so the time a
 rank waits for its peers never passes through a Python collective and step time is the same on
-every rank. :func:`producers.collectives.register_ddp_hook` marks when this rank's backward pass
+every rank. :func:`rankscope.producers.collectives.register_ddp_hook` marks when this rank's backward pass
 produced its last gradient; a :class:`DdpWatcher` puts that mark on every DDP model of the process
 without a call from the user:
 
@@ -16,7 +16,7 @@ Each model gets at most one mark per watcher (``watch`` is idempotent), so an ex
 
 FSDP (``fully_shard`` and ``FullyShardedDataParallel``) all-gathers and reduce-scatters from Python
 through ``torch.distributed`` (``all_gather_single``, ``reduce_scatter_single``, ``Work.wait``), so
-the collective timing of :mod:`producers.collectives` already measures its wait; its gradients are
+the collective timing of :mod:`rankscope.producers.collectives` already measures its wait; its gradients are
 written by FSDP's own post-backward hooks on sharded parameters, where no autograd hook marks the
 end of this rank's compute, so FSDP models get no gradient mark.
 """
@@ -31,7 +31,7 @@ import threading
 import weakref
 from typing import Any
 
-from producers.collectives import CommTimer, register_ddp_hook
+from rankscope.producers.collectives import CommTimer, register_ddp_hook
 
 log = logging.getLogger("rankscope.ddp")
 

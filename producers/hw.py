@@ -40,10 +40,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from producers.hw_gpu import GpuSampler, pick_gpu
-from producers.hw_host import HostSampler
-from producers.identity import RankIdentity
-from producers.untraced import leave_profiler
+from rankscope.producers.hw_gpu import GpuSampler, pick_gpu
+from rankscope.producers.hw_host import HostSampler
+from rankscope.producers.identity import RankIdentity
+from rankscope.producers.untraced import leave_profiler
+
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from producers.hw_groups import MetricGroup, Rate, nvml_const, run_groups
+from rankscope.producers.hw_groups import MetricGroup, Rate, nvml_const, run_groups
 
 log = logging.getLogger("rankscope.hw")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from producers.hw_groups import MetricGroup, Rate, run_groups
+from rankscope.producers.hw_groups import MetricGroup, Rate, run_groups
 
 PER_CORE_EVERY_S = 1.0
 

@@ -6,7 +6,7 @@ each, ~2 µs per event, all of it holding the GIL while the training thread want
 reader walks ``ProfilerResult::events()`` with the GIL released and returns packed columns; Python
 then categorises once per distinct (activity type, name, host/device), not per event, and asks C++
 for metadata, shapes and dtypes only of the rows that need them (collectives, device events).
-:func:`extract_columns` returns exactly what :func:`producers.trace_extract.extract_raw` returns
+:func:`extract_columns` returns exactly what :func:`rankscope.producers.trace_extract.extract_raw` returns
 (the same rows, names in the same order, the same attrs), with numpy arrays for the column lists.
 
 Building (``rankscope build-native``; ``make native`` runs it before test, demo and bench) compiles with
@@ -26,8 +26,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from producers.categories import ANNOTATION, COLLECTIVE, CPU_OP, attrs_and_bytes, classify, is_collective_cpu
-from producers.trace_extract import (
+from rankscope.producers.categories import (
+    ANNOTATION,
+    COLLECTIVE,
+    CPU_OP,
+    attrs_and_bytes,
+    classify,
+    is_collective_cpu,
+)
+from rankscope.producers.trace_extract import (
     ADDR_RE,
     DEVICE_TYPES,
     FILTERED_NAMES,

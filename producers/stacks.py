@@ -14,17 +14,16 @@ from __future__ import annotations
 import sys
 import sysconfig
 import threading
-from pathlib import Path
 from typing import Any
+
+from rankscope.own_frames import package_dirs
 
 MAX_FRAMES = 48
 #: Frames walked per thread before the user's innermost MAX_FRAMES are kept.
 MAX_WALK = 4 * MAX_FRAMES
 NEUTRAL_PREFIX = "torch.distributed "  # the same as stream_processors/stacks.py's
-_ROOT = Path(__file__).resolve().parents[1]
-OWN_DIRS = tuple(str(_ROOT / pkg) + "/" for pkg in ("producers", "rankscope", "stream_processors", "storage",
-                                                       "dashboard"))
-USER_DIRS = (str(_ROOT / "rankscope" / "demo") + "/",)   # the example job is the user's code
+OWN_DIRS = tuple(str(d) + "/" for d in package_dirs().values())
+USER_DIRS = (str(package_dirs()["rankscope"] / "demo") + "/",)   # the example job is the user's code
 _STDLIB = tuple({sysconfig.get_paths()["stdlib"] + "/", sysconfig.get_paths()["platstdlib"] + "/"})
 
 

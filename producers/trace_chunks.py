@@ -6,12 +6,12 @@ from typing import Any
 
 import msgpack
 import numpy as np
-
-from producers.categories import (
+from rankscope.producers.categories import (
     ANNOTATION,
     CATEGORIES,
 )
-from producers.trace_columnar import EVENT_COLUMNS, TIER_OF_CATEGORY, WIRE_INT_COLUMNS
+from rankscope.producers.trace_columnar import EVENT_COLUMNS, TIER_OF_CATEGORY, WIRE_INT_COLUMNS
+
 from rankscope.packed import narrowest_type, pack_int
 
 

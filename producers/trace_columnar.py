@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-from producers.categories import (
+from rankscope.producers.categories import (
     ANNOTATION,
     CATEGORIES,
     COLLECTIVE,
@@ -19,7 +18,7 @@ from producers.categories import (
     PYTHON,
     RUNTIME,
 )
-from producers.trace_extract import RawEvents, frame_parents
+from rankscope.producers.trace_extract import RawEvents, frame_parents
 
 # Truncation tiers: when a window exceeds its byte budget, higher tiers go first.
 # python -> cpu_op -> runtime -> annotations -> (kernels, memcpy/memset, collectives, ProfilerStep#N).

@@ -16,7 +16,7 @@ categories.
 from __future__ import annotations
 
 # The pipeline's API, one import for its users (the modules hold one step each).
-from producers.categories import (  # noqa: F401
+from rankscope.producers.categories import (  # noqa: F401
     ANNOTATION,
     CAT,
     CATEGORIES,
@@ -29,8 +29,8 @@ from producers.categories import (  # noqa: F401
     PYTHON,
     RUNTIME,
 )
-from producers.trace_chunks import chunk, decode_chunk  # noqa: F401
-from producers.trace_columnar import (  # noqa: F401
+from rankscope.producers.trace_chunks import chunk, decode_chunk  # noqa: F401
+from rankscope.producers.trace_columnar import (  # noqa: F401
     EVENT_COLUMNS,
     STEP_RE,
     TIER_OF_CATEGORY,
@@ -38,14 +38,14 @@ from producers.trace_columnar import (  # noqa: F401
     call_paths,
     to_columnar,
 )
-from producers.trace_extract import (  # noqa: F401
+from rankscope.producers.trace_extract import (  # noqa: F401
     RawEvents,
     detect_clock_offset_ns,
     experimental_config,
     extract_raw,
     frame_parents,
 )
-from producers.trace_summary import (  # noqa: F401
+from rankscope.producers.trace_summary import (  # noqa: F401
     NATIVE_CODES,
     SUMMARY_COLUMNS,
     exclusive_times,
@@ -53,4 +53,5 @@ from producers.trace_summary import (  # noqa: F401
     summarize,
     summary_body,
 )
+
 from rankscope.call_paths import expand_call_paths, path_strings  # noqa: F401

@@ -4,7 +4,7 @@
 :class:`RawEvents`: three groups of plain lists (python frames, other host events, device events),
 each with only the columns that group has, categorised on the way. No per-event dict or object is
 built: reading a KinetoEvent costs ~0.15-0.3 µs per accessor call, so the loop calls each accessor
-it needs once and appends to lists; :func:`producers.trace_events.to_columnar` turns the groups
+it needs once and appends to lists; :func:`rankscope.producers.trace_events.to_columnar` turns the groups
 into numpy columns.
 
 Event dicts (:meth:`RawEvents.add`; what the offline Kineto-JSON reader produces)::
@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from producers.categories import (
+from rankscope.producers.categories import (
     ANNOTATION,
     COLLECTIVE,
     CPU_OP,
@@ -328,7 +328,7 @@ def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns
     Fallback: an object whose ``events()`` returns ``FunctionEvent``-like objects (``time_range`` in µs
     relative to the trace start) is accepted when ``trace_start_ns`` is given.
 
-    ``native``: the C++ reader (:func:`producers.native_extract.load_native`); when given, a Kineto
+    ``native``: the C++ reader (:func:`rankscope.producers.native_extract.load_native`); when given, a Kineto
     result is read by it (same output, several times faster, without holding the GIL).
 
     Raises TypeError for objects that are not profilers, ValueError for a profiler with no results
@@ -337,7 +337,7 @@ def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns
     if native is not None:
         result = kineto_result(prof)
         if result is not None:
-            from producers.native_extract import extract_columns
+            from rankscope.producers.native_extract import extract_columns
 
             return extract_columns(native, result, clock_offset_ns=clock_offset_ns)
     events, offset = _results(prof, clock_offset_ns)

@@ -6,8 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-
-from producers.categories import (
+from rankscope.producers.categories import (
     ANNOTATION,
     CATEGORIES,
     COLLECTIVE,
@@ -15,6 +14,7 @@ from producers.categories import (
     GPU_WORK,
     PYTHON,
 )
+
 from rankscope.call_paths import path_strings
 
 

@@ -24,8 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from producers.control import START_STEP_MAX_WAIT_NS, ControlError, TraceRequest, parse_trace_request
-from producers.untraced import leave_profiler
+from rankscope.producers.control import (
+    START_STEP_MAX_WAIT_NS,
+    ControlError,
+    TraceRequest,
+    parse_trace_request,
+)
+from rankscope.producers.untraced import leave_profiler
 
 log = logging.getLogger("rankscope.trace")
 
@@ -228,7 +233,7 @@ class WindowController:
     def _ship(self, act: _Active, end_ns: int) -> None:
         import time
 
-        from producers.trace_events import extract_raw
+        from rankscope.producers.trace_events import extract_raw
 
         wall0 = time.perf_counter()
         cpu = [time.thread_time()]
@@ -303,7 +308,7 @@ def convert_window(raw: Any, window_id: str, first_step: int, budget: int, statu
                    native: Any = None) -> ConvertedWindow:
     """RawEvents of one window -> its trace chunks within ``budget`` bytes and its summary body (with
     the collective arrivals). Pure. ``native``: the C++ module, for the same result in less time."""
-    from producers.trace_events import chunk, summarize, summary_body, to_columnar
+    from rankscope.producers.trace_events import chunk, summarize, summary_body, to_columnar
 
     cols = to_columnar(raw, window_id, first_step, native=native)
     bodies, truncated, sent = chunk(cols, budget)
@@ -317,8 +322,7 @@ def collective_arrivals(cols: dict[str, Any], limit: int = 5000) -> dict[str, li
     """When this rank called each collective (host side, ``c10d::*`` ops): the k-th call of each name
     on every rank is the same collective, so the processors can tell who arrived last."""
     import numpy as np
-
-    from producers.trace_events import COLLECTIVE
+    from rankscope.producers.trace_events import COLLECTIVE
 
     ev, names = cols["events"], cols["names"]
     out: dict[str, list[Any]] = {"name": [], "seq": [], "start_ns": []}

@@ -31,16 +31,17 @@ import threading
 import traceback
 from typing import Any
 
-from producers.collectives import CommTimer, install, uninstall
-from producers.control import ControlListener
-from producers.ddp import DdpWatcher, mark_reducer_wait
-from producers.hw import HardwareSampler
-from producers.identity import RankIdentity, resolve_identity
-from producers.native_extract import WindowReader
-from producers.stacks import MAX_FRAMES, all_thread_stacks, frame_label
-from producers.trace_window import WindowController
-from producers.transport import Transport
-from producers.untraced import leave_profiler
+from rankscope.producers.collectives import CommTimer, install, uninstall
+from rankscope.producers.control import ControlListener
+from rankscope.producers.ddp import DdpWatcher, mark_reducer_wait
+from rankscope.producers.hw import HardwareSampler
+from rankscope.producers.identity import RankIdentity, resolve_identity
+from rankscope.producers.native_extract import WindowReader
+from rankscope.producers.stacks import MAX_FRAMES, all_thread_stacks, frame_label
+from rankscope.producers.trace_window import WindowController
+from rankscope.producers.transport import Transport
+from rankscope.producers.untraced import leave_profiler
+
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings, unknown_env
 from rankscope.kafka_client import client_conf

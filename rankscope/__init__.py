@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name == "Tracer":
-        from producers.tracer import Tracer
+        from rankscope.producers.tracer import Tracer
 
         return Tracer
     raise AttributeError(name)

@@ -11,23 +11,36 @@ unless rankscope ships a ``storage/io.py`` too.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 from pathlib import Path
 
 WRAPPER_PREFIX = "_rankscope_"
 PACKAGES = ("producers", "rankscope", "stream_processors", "storage", "dashboard")
-_ROOT = Path(__file__).resolve().parents[1]
 _PROFILER = re.compile(r"^(?P<path>.*?\.py)\(\d+\): (?P<func>.*)$")
 _LABEL = re.compile(r"^(?P<path>\S*?\.py):\d+ (?P<func>.*)$")
+
+
+@functools.cache
+def package_dirs() -> dict[str, Path]:
+    """Where each of rankscope's packages lies, by its short name: ``rankscope/producers`` once
+    installed, the checkout's ``producers/`` folder in development. Found without importing them."""
+    out = {"rankscope": Path(__file__).resolve().parent}
+    for pkg in PACKAGES:
+        if pkg != "rankscope":
+            spec = importlib.util.find_spec(f"rankscope.{pkg}")
+            if spec is not None and spec.submodule_search_locations:
+                out[pkg] = Path(next(iter(spec.submodule_search_locations))).resolve()
+    return out
 
 
 @functools.cache
 def own_files() -> frozenset[str]:
     """Package-relative paths of rankscope's modules, e.g. ``producers/collectives.py``."""
     out = set()
-    for pkg in PACKAGES:
-        for p in (_ROOT / pkg).rglob("*.py"):
-            rel = p.relative_to(_ROOT).as_posix()
+    for pkg, root in package_dirs().items():
+        for p in root.rglob("*.py"):
+            rel = f"{pkg}/{p.relative_to(root).as_posix()}"
             if not rel.startswith("rankscope/demo/"):
                 out.add(rel)
     return frozenset(out)

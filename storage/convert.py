@@ -14,12 +14,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankscope.alerts import Alert
-from rankscope.deadletter import DeadLetter
-from rankscope.topics import Topic
-from rankscope.wire import Envelope, WireError, decode, split_beat
-from storage.columns import HI, HI32, I32, LO, LO32, TABLE_COLUMNS, Columns, InvalidMessage, int_field
-from storage.rows import (
+from rankscope.storage.columns import (
+    HI,
+    HI32,
+    I32,
+    LO,
+    LO32,
+    TABLE_COLUMNS,
+    Columns,
+    InvalidMessage,
+    int_field,
+)
+from rankscope.storage.rows import (
     alert_rows,
     deadletter_row,
     flight_row,
@@ -35,6 +41,11 @@ from storage.rows import (
     summary_columns,
     trace_columns,
 )
+
+from rankscope.alerts import Alert
+from rankscope.deadletter import DeadLetter
+from rankscope.topics import Topic
+from rankscope.wire import Envelope, WireError, decode, split_beat
 
 # Kinds the sink stores; other valid kinds on its topics are counted as skipped.
 STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", "summary", "flight"})

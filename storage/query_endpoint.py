@@ -6,7 +6,7 @@ and ``rankscope export`` send their statements here instead of opening the store
 Server (:class:`QueryEndpoint`, a daemon thread in serve): HTTP on 127.0.0.1 and a free port only.
 ``POST /query`` with ``Authorization: Bearer <token>`` and a JSON body ``{"sql", "parameters",
 "max_rows", "timeout_s", "max_bytes"}`` runs the statement through the guard
-(:mod:`storage.readonly`) and answers an Arrow IPC stream (header ``X-Rankscope-Truncated: 0|1``);
+(:mod:`rankscope.storage.readonly`) and answers an Arrow IPC stream (header ``X-Rankscope-Truncated: 0|1``);
 errors answer JSON ``{"kind": "refused"|"store"|"request"|"auth", "error": "..."}`` with status
 400, 502, 400 or 401. The port and a random token are written to ``<data_dir>/run/query.json``,
 created 0600, so only the user who runs serve can read them and query; the file is removed on stop.
@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from rankscope.storage.readonly import SqlResult, run_readonly_arrow
+from rankscope.storage.store import Store, StoreError
 
 from rankscope.sql_guard import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_S, SqlRefused
-from storage.readonly import SqlResult, run_readonly_arrow
-from storage.store import Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -254,9 +254,9 @@ class EndpointStore:
 
 def open_read_store(dsn: str, data_dir: str | Path) -> tuple[Any, Any]:
     """A store to read from and the call that releases it: serve's endpoint when serve holds ``dsn``'s
-    embedded directory, else :func:`storage.store.open_store` (a ClickHouse server DSN goes straight
+    embedded directory, else :func:`rankscope.storage.store.open_store` (a ClickHouse server DSN goes straight
     to the server). Raises StoreLocked/StoreError as ``open_store`` does."""
-    from storage.store import close_store, open_store
+    from rankscope.storage.store import close_store, open_store
 
     if dsn.startswith("chdb://"):
         ep = endpoint_for(data_dir, dsn)

@@ -1,7 +1,7 @@
 """Messages to rows: pure functions from one decoded message to the rows of the store's tables.
 
 Each validates what :func:`rankscope.wire.decode` leaves unchecked (value ranges, the shapes inside
-a body) and raises :class:`~storage.columns.InvalidMessage` before it appends anything. No Kafka
+a body) and raises :class:`~rankscope.storage.columns.InvalidMessage` before it appends anything. No Kafka
 and no store here (storage/convert.py applies them to a batch, storage/sink.py consumes).
 """
 
@@ -14,13 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-from rankscope.alerts import Alert
-from rankscope.call_paths import expand_call_paths
-from rankscope.deadletter import DeadLetter
-from rankscope.packed import unpack_int_columns
-from rankscope.wire import Envelope
-from storage.columns import (
+from rankscope.storage.columns import (
     HI,
     HI32,
     I32,
@@ -36,6 +30,12 @@ from storage.columns import (
     int_field,
     str_field,
 )
+
+from rankscope.alerts import Alert
+from rankscope.call_paths import expand_call_paths
+from rankscope.deadletter import DeadLetter
+from rankscope.packed import unpack_int_columns
+from rankscope.wire import Envelope
 
 
 def steps_columns(env: Envelope, out: Columns) -> int:

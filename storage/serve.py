@@ -47,9 +47,9 @@ def running_sink() -> Any:
 
 
 def default_script() -> Path:
-    import dashboard
+    import rankscope.dashboard
 
-    return Path(dashboard.__file__).resolve().parent / "app.py"
+    return Path(rankscope.dashboard.__file__).resolve().parent / "app.py"
 
 
 def export_settings(settings: Settings, environ: Any = None) -> dict[str, str]:
@@ -135,8 +135,9 @@ class SinkThread:
         return True
 
     def _main(self) -> None:
+        from rankscope.storage.sink import Sink
+
         from rankscope.kafka_client import KafkaAuthError
-        from storage.sink import Sink
 
         while not self.stop_event.is_set():
             sink = None
@@ -177,9 +178,8 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
     _preload_main_thread_imports()
     export_settings(settings)
 
+    from rankscope.storage.store import close_store, open_store
     from streamlit.web import bootstrap
-
-    from storage.store import close_store, open_store
 
     store = open_store(settings.store_dsn)
     from rankscope.metrics import start_metrics
@@ -207,7 +207,7 @@ def _start_query_endpoint(settings: Settings, store: Any) -> Any:
     """In embedded mode, serve's loopback query endpoint (``rankscope sql``/``export`` use it); else None."""
     if not store.embedded:
         return None
-    from storage.query_endpoint import QueryEndpoint
+    from rankscope.storage.query_endpoint import QueryEndpoint
 
     return QueryEndpoint(store, settings.data_dir).start()
 
@@ -218,8 +218,8 @@ def run_sink(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> int:
     Raises StoreLocked when the embedded store is held by another process (e.g. ``rankscope serve``).
     """
     _preload_main_thread_imports()
-    from storage.sink import Sink
-    from storage.store import close_store, open_store
+    from rankscope.storage.sink import Sink
+    from rankscope.storage.store import close_store, open_store
 
     store = open_store(settings.store_dsn)
     if store.embedded:

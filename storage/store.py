@@ -117,14 +117,14 @@ class Store:
 
 
 def schema_statements(database: str = DATABASE) -> list[str]:
-    text = resources.files("storage").joinpath("schema.sql").read_text()
+    text = resources.files("rankscope.storage").joinpath("schema.sql").read_text()
     return _split(text, database)
 
 
 def migration_statements(database: str = DATABASE) -> list[tuple[int, str, list[str]]]:
     """Numbered migrations in storage/migrations/NNNN_name.sql, oldest first."""
     out = []
-    mig_dir = resources.files("storage").joinpath("migrations")
+    mig_dir = resources.files("rankscope.storage").joinpath("migrations")
     for entry in sorted(mig_dir.iterdir(), key=lambda p: p.name):
         if entry.name.endswith(".sql") and entry.name[:4].isdigit():
             out.append((int(entry.name[:4]), entry.name[5:-4], _split(entry.read_text(), database)))

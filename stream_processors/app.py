@@ -1,11 +1,11 @@
 """The faust-streaming worker: two stages over Kafka, reports, dead letters.
 
-- stage one, :class:`~stream_processors.folder.ShardFolder` (steps topic, key = job/rank from v2
+- stage one, :class:`~rankscope.stream_processors.folder.ShardFolder` (steps topic, key = job/rank from v2
   ranks, job from v1 ranks): a consumer thread of its own group folds batches into the shard
   state of the partitions this worker owns and publishes the shard summaries and statistics
   every scan interval. Undecodable input becomes a dead letter with its reason and a counter.
 - ``judge`` agent (shards topic, key = job): shard summaries into the
-  :class:`~stream_processors.stages.JobStage`.
+  :class:`~rankscope.stream_processors.stages.JobStage`.
 - ``tick`` timer (every scan_interval_s): the job-wide rules; alert changes (JSON) go to the
   alerts topic.
 - ``reports`` agent (summaries topic): trace-window summaries into diagnosis reports.
@@ -29,6 +29,11 @@ from collections import Counter
 from typing import Any
 
 import faust
+from rankscope.stream_processors.folder import ShardFolder
+from rankscope.stream_processors.rebuild import open_incidents
+from rankscope.stream_processors.report_alerts import ReportAlerts
+from rankscope.stream_processors.stages import JobStage, Sender
+from rankscope.stream_processors.windows import WindowCollector
 
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
@@ -38,11 +43,6 @@ from rankscope.metrics import process_metrics, start_metrics
 from rankscope.topics import Topic
 from rankscope.trace_request import TraceRequest, control_body, plan
 from rankscope.wire import Envelope, WireError, decode
-from stream_processors.folder import ShardFolder
-from stream_processors.rebuild import open_incidents
-from stream_processors.report_alerts import ReportAlerts
-from stream_processors.stages import JobStage, Sender
-from stream_processors.windows import WindowCollector
 
 log = logging.getLogger("rankscope.processors")
 

@@ -6,7 +6,7 @@ them sends an exit record, so "every rank exited with an exception" says nothing
 the kind of error do. The culprit is the earliest exception that is not a peer-connection error
 (the earliest exception when every one is); every other failed rank is a follower.
 
-Pure functions over :class:`~stream_processors.summary.Failure` records; the rank_failed rule in
+Pure functions over :class:`~rankscope.stream_processors.summary.Failure` records; the rank_failed rule in
 stream_processors/monitor.py publishes the verdict.
 """
 
@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rankscope.stream_processors.summary import Failure
+
 from rankscope.alerts import StackGroup
 from rankscope.config import Settings
-from stream_processors.summary import Failure
 
 # Messages of the errors a rank sees when a peer's process went away (gloo, NCCL, c10d, sockets).
 PEER_ERROR_MARKERS = (

@@ -4,14 +4,14 @@ faust's per-event machinery costs about 300 us of CPU per message on this machin
 cProfile: several tasks and futures per event), six times the budget of 50 us per rank per second.
 The hot path therefore reads the steps topic with a confluent-kafka consumer of its own group
 (``<app id>-shards``): ``consume()`` returns batches decoded in C, the loop decodes and folds them
-into the :class:`~stream_processors.stages.ShardStage`, and every ``scan_interval_s`` it publishes
+into the :class:`~rankscope.stream_processors.stages.ShardStage`, and every ``scan_interval_s`` it publishes
 the shard summaries and statistics with a confluent-kafka producer (murmur2 partitioner, as faust's,
 so a job's summaries land on the partition number of its alerts). The job-wide rules stay faust
 agents (stream_processors/app.py).
 
 Contract:
 - Partitions assigned to this worker are rebuilt from recent input before they are consumed
-  (:func:`~stream_processors.rebuild.rebuild_shards`); revoked ones are dropped.
+  (:func:`~rankscope.stream_processors.rebuild.rebuild_shards`); revoked ones are dropped.
 - Offsets are stored after the fold and committed every 250 ms (at least once; folds are idempotent),
   so the committed offset, which lag monitors read, trails the fold by at most that.
 - A bad message becomes a dead letter with its reason and is counted; an error in one fold is
@@ -27,6 +27,8 @@ import time
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
+from rankscope.stream_processors.rebuild import rebuild_shards
+from rankscope.stream_processors.stages import STEPS_KINDS, Sender, ShardStage
 
 from rankscope.clock import Clock
 from rankscope.config import Settings
@@ -35,8 +37,6 @@ from rankscope.kafka_client import client_conf
 from rankscope.metrics import process_metrics
 from rankscope.topics import Topic
 from rankscope.wire import WireError, decode
-from stream_processors.rebuild import rebuild_shards
-from stream_processors.stages import STEPS_KINDS, Sender, ShardStage
 
 log = logging.getLogger("rankscope.processors")
 

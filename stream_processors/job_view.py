@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stream_processors.rank_state import EXTRAPOLATION_CAP_S
-from stream_processors.summary import Failure, Row, ShardSummary, StackInfo, hist_add
+from rankscope.stream_processors.rank_state import EXTRAPOLATION_CAP_S
+from rankscope.stream_processors.summary import Failure, Row, ShardSummary, StackInfo, hist_add
 
 MAX_GROUP_RANKS = 32
 

@@ -1,6 +1,6 @@
 """Stage two of the processors: the job-wide hang, death and slow-rank rules over shard summaries.
 
-A :class:`JobMonitor` keeps the latest :class:`~stream_processors.summary.ShardSummary` of every
+A :class:`JobMonitor` keeps the latest :class:`~rankscope.stream_processors.summary.ShardSummary` of every
 shard (steps partition) that holds ranks of its job, merges them into a :class:`JobView` and
 evaluates the rules from a timer. It holds only those summaries and its open incidents, so its
 size does not grow with the job; everything is synchronous and driven by ``now_s``.
@@ -30,14 +30,15 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankscope.stream_processors import failures
+from rankscope.stream_processors.job_view import MAX_GROUP_RANKS, JobView
+from rankscope.stream_processors.rank_state import CRASH_REASONS
+from rankscope.stream_processors.slow_rule import SlowRule, slow_ranks
+from rankscope.stream_processors.stacks import waiting_in_collective
+from rankscope.stream_processors.summary import Row, ShardSummary, hist_quantile
+
 from rankscope.alerts import Alert, StackGroup
 from rankscope.config import Settings
-from stream_processors import failures
-from stream_processors.job_view import MAX_GROUP_RANKS, JobView
-from stream_processors.rank_state import CRASH_REASONS
-from stream_processors.slow_rule import SlowRule, slow_ranks
-from stream_processors.stacks import waiting_in_collective
-from stream_processors.summary import Row, ShardSummary, hist_quantile
 
 __all__ = ["JobMonitor", "slow_ranks", "stale_after_s"]
 

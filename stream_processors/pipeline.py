@@ -2,7 +2,7 @@
 
 Used by tests and offline replays: :meth:`TwoStage.apply` routes each message to the shard its
 rank's partition would be (``shards`` of them), :meth:`TwoStage.scan` sends every shard's summary
-to the job's :class:`~stream_processors.monitor.JobMonitor` and evaluates the rules, as one scan
+to the job's :class:`~rankscope.stream_processors.monitor.JobMonitor` and evaluates the rules, as one scan
 interval of the faust workers does.
 """
 
@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rankscope.stream_processors.monitor import JobMonitor
+from rankscope.stream_processors.shard import ShardJob
+
 from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.wire import Envelope
-from stream_processors.monitor import JobMonitor
-from stream_processors.shard import ShardJob
 
 
 class TwoStage:

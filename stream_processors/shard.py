@@ -1,7 +1,7 @@
 """Stage one of the processors: the ranks of one job on one partition of the steps topic.
 
-A :class:`ShardJob` folds its ranks' messages (:func:`~stream_processors.rank_state.fold`) and,
-every scan interval, condenses them into a bounded :class:`~stream_processors.summary.ShardSummary`
+A :class:`ShardJob` folds its ranks' messages (:func:`~rankscope.stream_processors.rank_state.fold`) and,
+every scan interval, condenses them into a bounded :class:`~rankscope.stream_processors.summary.ShardSummary`
 for the job-wide rules (stream_processors/monitor.py) and into rolling per-rank statistics.
 Everything is synchronous and driven by ``now_s``, so tests replay scenarios without Kafka.
 """
@@ -12,12 +12,20 @@ import heapq
 import statistics
 from typing import Any
 
+from rankscope.stream_processors.arrivals import ShardArrivals
+from rankscope.stream_processors.rank_state import RankState, fold
+from rankscope.stream_processors.stacks import main_stack, signature, waiting_in_collective
+from rankscope.stream_processors.summary import (
+    MAX_SUMMARY_BYTES,
+    Failure,
+    Row,
+    ShardSummary,
+    StackInfo,
+    hist_bin,
+)
+
 from rankscope.config import Settings
 from rankscope.wire import Envelope
-from stream_processors.arrivals import ShardArrivals
-from stream_processors.rank_state import RankState, fold
-from stream_processors.stacks import main_stack, signature, waiting_in_collective
-from stream_processors.summary import MAX_SUMMARY_BYTES, Failure, Row, ShardSummary, StackInfo, hist_bin
 
 ALL_ROWS_UP_TO = 128       # a shard with this many ranks or fewer sends a row for every rank
 ROWS_PER_REASON = 32       # otherwise this many per reason a rule may name a rank

@@ -1,6 +1,6 @@
 """The slow-rank rule: a rank that holds the whole job back, for long enough and at enough cost.
 
-Evidence: the job's complete steps (:class:`~stream_processors.arrivals.ArrivalLedger`): per step,
+Evidence: the job's complete steps (:class:`~rankscope.stream_processors.arrivals.ArrivalLedger`): per step,
 the rank that arrived last at the collective and its lead over the second-to-last. The rule judges
 the *horizon*, the newest complete steps spanning at least ``straggler_min_s`` seconds and
 ``straggler_min_slow_steps`` steps (event time, from the ranks' own step times), and for each rank:
@@ -32,15 +32,16 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rankscope.stream_processors.arrivals import ArrivalLedger, parse_arrivals
+from rankscope.stream_processors.job_view import JobView
+from rankscope.stream_processors.summary import ShardSummary, hist_quantile
+
 from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.last_arrivals import Step, enter_share, horizon_stats
-from stream_processors.arrivals import ArrivalLedger, parse_arrivals
-from stream_processors.job_view import JobView
-from stream_processors.summary import ShardSummary, hist_quantile
 
 if TYPE_CHECKING:
-    from stream_processors.monitor import JobMonitor
+    from rankscope.stream_processors.monitor import JobMonitor
 
 MAX_ALERT_RANKS = 256
 MAX_DETAIL_RANKS = 64

@@ -1,10 +1,10 @@
 """The processors' two stages as plain objects with explicit state; the faust app only wires them.
 
 - :class:`ShardStage` owns the steps partitions assigned to this worker: one
-  :class:`~stream_processors.shard.ShardJob` per (partition, job). Each tick it emits every
+  :class:`~rankscope.stream_processors.shard.ShardJob` per (partition, job). Each tick it emits every
   shard's bounded summary (``shards`` topic, key = job) and the rolling per-rank statistics.
 - :class:`JobStage` owns the ``shards`` partitions assigned to this worker, i.e. the jobs they
-  carry (key = job): one :class:`~stream_processors.monitor.JobMonitor` per job. Each tick it
+  carry (key = job): one :class:`~rankscope.stream_processors.monitor.JobMonitor` per job. Each tick it
   evaluates the job-wide rules and returns the alerts to publish.
 Neither does I/O: ticks return ``(topic, key, value)`` messages or alerts, and time comes in.
 """
@@ -15,13 +15,14 @@ import itertools
 import logging
 from collections.abc import Iterable
 
+from rankscope.stream_processors.monitor import JobMonitor
+from rankscope.stream_processors.shard import ShardJob
+from rankscope.stream_processors.summary import ShardSummary
+
 from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
-from stream_processors.monitor import JobMonitor
-from stream_processors.shard import ShardJob
-from stream_processors.summary import ShardSummary
 
 log = logging.getLogger("rankscope.processors")
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+from rankscope.stream_processors.analysis.diagnosis import report_from_frames
+from rankscope.stream_processors.analysis.summaries import summary_frames
 
 from rankscope.wire import Envelope
-from stream_processors.analysis.diagnosis import report_from_frames
-from stream_processors.analysis.summaries import summary_frames
 
 MAX_OPEN_WINDOWS = 256
 

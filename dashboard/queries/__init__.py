@@ -2,7 +2,7 @@
 
 Contract shared by all functions here:
 
-- They block until ClickHouse answers and raise :class:`storage.store.StoreError` on failure.
+- They block until ClickHouse answers and raise :class:`rankscope.storage.store.StoreError` on failure.
 - Values are bound server-side with ClickHouse's ``{name:Type}`` parameters (chDB and the HTTP
   server both support them); nothing user-controlled is formatted into SQL. Only the database
   name (from the Store, not from the user) is interpolated.
@@ -20,7 +20,7 @@ No Streamlit here: the pages own caching and rendering.
 
 from __future__ import annotations
 
-from dashboard.queries.alerts import (  # noqa: F401
+from rankscope.dashboard.queries.alerts import (  # noqa: F401
     ALERTS_COLUMNS,
     LOST_COLUMNS,
     STACK_COLUMNS,
@@ -29,18 +29,18 @@ from dashboard.queries.alerts import (  # noqa: F401
     lost_time,
     parse_stack_groups,
 )
-from dashboard.queries.common import (  # noqa: F401
+from rankscope.dashboard.queries.common import (  # noqa: F401
     HEATMAP_MIN_RANKS,
     RANK_STATES,
 )
-from dashboard.queries.console import (  # noqa: F401
+from rankscope.dashboard.queries.console import (  # noqa: F401
     CONSOLE_MAX_ROWS,
     CONSOLE_TIMEOUT_S,
     SQL_EXAMPLES,
     _console_client,
     table_columns,
 )
-from dashboard.queries.fleet import (  # noqa: F401
+from rankscope.dashboard.queries.fleet import (  # noqa: F401
     BUCKETS_S,
     GPU_UTIL_COLUMNS,
     HOSTS_COLUMNS,
@@ -53,7 +53,7 @@ from dashboard.queries.fleet import (  # noqa: F401
     hw_latest,
     hw_series,
 )
-from dashboard.queries.jobs import (  # noqa: F401
+from rankscope.dashboard.queries.jobs import (  # noqa: F401
     FLIGHT_COLUMNS,
     HEATMAP_METRICS,
     JOBS_COLUMNS,
@@ -69,7 +69,7 @@ from dashboard.queries.jobs import (  # noqa: F401
     step_time_heatmap,
     step_times,
 )
-from dashboard.queries.reports import (  # noqa: F401
+from rankscope.dashboard.queries.reports import (  # noqa: F401
     REPORTS_COLUMNS,
     ReportSection,
     report_headline,
@@ -77,7 +77,7 @@ from dashboard.queries.reports import (  # noqa: F401
     reports,
     window_python_paths,
 )
-from dashboard.queries.traces import (  # noqa: F401
+from rankscope.dashboard.queries.traces import (  # noqa: F401
     EVENT_COLUMNS,
     MAX_EVENTS,
     WINDOW_RANKS_COLUMNS,
@@ -87,11 +87,12 @@ from dashboard.queries.traces import (  # noqa: F401
     trace_windows,
     window_event_ranks,
 )
+from rankscope.storage.readonly import SqlResult, run_readonly  # noqa: F401
+from rankscope.storage.store import StoreError  # noqa: F401
+
 from rankscope.sql_guard import (  # noqa: F401
     READONLY_STATEMENTS,
     SqlRefused,
     check_readonly_sql,
     readonly_settings,
 )
-from storage.readonly import SqlResult, run_readonly  # noqa: F401
-from storage.store import StoreError  # noqa: F401

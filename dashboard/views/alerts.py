@@ -3,8 +3,8 @@
 from functools import partial
 
 import streamlit as st
+from rankscope.dashboard import queries, ui
 
-from dashboard import queries, ui
 from rankscope.config import Settings
 
 KINDS = {"hang": "Hang", "dead_rank": "Dead rank", "slow_rank": "Slow rank",

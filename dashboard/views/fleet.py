@@ -4,8 +4,8 @@ from functools import partial
 
 import altair as alt
 import streamlit as st
+from rankscope.dashboard import queries, ui
 
-from dashboard import queries, ui
 from rankscope.config import Settings
 
 

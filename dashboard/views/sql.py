@@ -1,9 +1,8 @@
 """SQL console: one read-only statement at a time, result as a table with a CSV download."""
 
 import streamlit as st
-
-from dashboard import queries, ui
-from storage.store import StoreError
+from rankscope.dashboard import queries, ui
+from rankscope.storage.store import StoreError
 
 
 def load_example() -> None:

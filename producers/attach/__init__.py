@@ -2,7 +2,7 @@
 
 ``rankscope run -- torchrun ... train.py`` puts :func:`boot_dir` (a ``sitecustomize.py``) first on
 ``PYTHONPATH`` and sets ``RANKSCOPE_ATTACH=1``. Every Python process of the launched tree then calls
-:func:`attach_if_rank` at start-up; it makes a :class:`~producers.tracer.Tracer` only in a rank:
+:func:`attach_if_rank` at start-up; it makes a :class:`~rankscope.producers.tracer.Tracer` only in a rank:
 
 1. ``RANKSCOPE_ATTACH`` is true (the boot hook checks this before importing anything of rankscope);
 2. the process has a rank: ``RANK`` (torchrun and most launchers) or ``RANKSCOPE_RANK`` >= 0, so the
@@ -13,7 +13,7 @@
 
 The time before the first optimizer step (imports, rendezvous, loading, the first iteration) is
 start-up, never taken for a hang; step 0 ends there without a record
-(:meth:`~producers.tracer.Tracer.defer_first_step`). The tracer gets its steps from the optimizer (:class:`producers.step_hooks.OptimizerSteps`) or,
+(:meth:`~rankscope.producers.tracer.Tracer.defer_first_step`). The tracer gets its steps from the optimizer (:class:`rankscope.producers.step_hooks.OptimizerSteps`) or,
 with ``step_marker`` set, from calls of that function; it finds DDP models by itself
 (``ddp_autodetect``), and its exit hooks record how the rank ended (an exception's type and
 traceback frames included).
@@ -68,8 +68,9 @@ def attach_if_rank(env: MutableMapping[str, str] | None = None, **tracer_kw: Any
     if not should_attach(env, os.getpid()):
         return None
     try:
-        from producers.step_hooks import OptimizerSteps, StepMarker
-        from producers.tracer import Tracer
+        from rankscope.producers.step_hooks import OptimizerSteps, StepMarker
+        from rankscope.producers.tracer import Tracer
+
         from rankscope.config import Settings
 
         settings = Settings.from_env(env)

@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from producers.native_extract import NativeBuildError, build, load_native
+    from rankscope.producers.native_extract import NativeBuildError, build, load_native
 
     t0 = time.monotonic()
     try:

@@ -46,7 +46,7 @@ def _err(msg: str, rc: int) -> int:
 
 def resolve_window(store: object, job: str, window: str) -> str | None:
     """``window`` itself if the job has a window with that id, else the newest whose id starts with it."""
-    from dashboard import queries
+    from rankscope.dashboard import queries
 
     wins = queries.trace_windows(store, job, limit=10_000)  # newest first
     ids = [str(w) for w in wins["window_id"]] if not wins.empty else []
@@ -69,9 +69,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.limit < 0:
         return _err(f"--limit must be >= 0, got {args.limit}", 2)
 
-    from dashboard import export, queries
-    from storage.query_endpoint import open_read_store
-    from storage.store import StoreError, StoreLocked
+    from rankscope.dashboard import export, queries
+    from rankscope.storage.query_endpoint import open_read_store
+    from rankscope.storage.store import StoreError, StoreLocked
 
     try:
         store, release = open_read_store(settings.store_dsn, settings.data_dir)

@@ -50,7 +50,7 @@ def _write(out: str, data: bytes) -> int | None:
 
 
 def _text(fmt: str, functions: Any, name: str) -> bytes:
-    from stream_processors.analysis.exporters import folded_stacks, speedscope
+    from rankscope.stream_processors.analysis.exporters import folded_stacks, speedscope
 
     if fmt == "folded":
         return folded_stacks(functions).encode()
@@ -72,10 +72,10 @@ def run_format(args: argparse.Namespace, settings: Settings) -> int | None:
 
 
 def _stored(args: argparse.Namespace, settings: Settings) -> int:
-    from dashboard import queries
     from rankscope.commands.export import LOCKED_HINT, resolve_window
-    from storage.query_endpoint import open_read_store
-    from storage.store import StoreError, StoreLocked
+    from rankscope.dashboard import queries
+    from rankscope.storage.query_endpoint import open_read_store
+    from rankscope.storage.store import StoreError, StoreLocked
 
     try:
         store, release = open_read_store(settings.store_dsn, settings.data_dir)   # serve's endpoint while it runs
@@ -103,10 +103,10 @@ def _stored(args: argparse.Namespace, settings: Settings) -> int:
 def _from_traces(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from stream_processors.analysis.diagnosis import rank_summary
-    from stream_processors.analysis.exporters import kineto_trace, merged_chrome_trace
-    from stream_processors.analysis.kineto import load_traces
-    from stream_processors.analysis.summaries import summary_frames
+    from rankscope.stream_processors.analysis.diagnosis import rank_summary
+    from rankscope.stream_processors.analysis.exporters import kineto_trace, merged_chrome_trace
+    from rankscope.stream_processors.analysis.kineto import load_traces
+    from rankscope.stream_processors.analysis.summaries import summary_frames
 
     try:
         traces = load_traces(args.traces, extra_columns=True)

@@ -58,8 +58,8 @@ def window_messages(events: list[dict[str, Any]], window_id: str, byte_budget: i
                     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The ``trace`` bodies and the ``summary`` body of one rank's window, built exactly like a live
     window (producers/trace_window.py ``WindowController._ship``)."""
-    from producers.trace_events import chunk, summarize, summary_body, to_columnar
-    from producers.trace_window import collective_arrivals
+    from rankscope.producers.trace_events import chunk, summarize, summary_body, to_columnar
+    from rankscope.producers.trace_window import collective_arrivals
 
     cols = to_columnar(events, window_id, None)
     bodies, truncated, sent = chunk(cols, byte_budget)
@@ -75,8 +75,8 @@ def _err(msg: str) -> int:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from stream_processors.analysis.kineto import load_traces
-    from stream_processors.analysis.replay import event_dicts, skipped_count, time_offsets_ns
+    from rankscope.stream_processors.analysis.kineto import load_traces
+    from rankscope.stream_processors.analysis.replay import event_dicts, skipped_count, time_offsets_ns
 
     job = args.job.strip()
     if not job or "/" in job:

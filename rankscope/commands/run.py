@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def run_env(settings: Settings, base: dict[str, str]) -> dict[str, str]:
     """``base`` plus the settings and the attach variables."""
-    from producers.attach import attach_env
+    from rankscope.producers.attach import attach_env
 
     env = dict(base)
     env.update(settings.to_env())

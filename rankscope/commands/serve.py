@@ -30,8 +30,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     extras.require("rankscope serve", "dashboard", *extras.store_extras(settings.embedded_store))
-    from storage.serve import serve
-    from storage.store import StoreError
+    from rankscope.storage.serve import serve
+    from rankscope.storage.store import StoreError
 
     try:
         return serve(settings, args.script, with_sink=not args.no_sink)
@@ -42,8 +42,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_sink(args: argparse.Namespace, settings: Settings) -> int:
     extras.require("rankscope sink", *extras.store_extras(settings.embedded_store))
-    from storage.serve import run_sink
-    from storage.store import StoreError
+    from rankscope.storage.serve import run_sink
+    from rankscope.storage.store import StoreError
 
     try:
         return run_sink(settings)

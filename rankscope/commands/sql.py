@@ -46,9 +46,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except SqlRefused as e:
         return _err(f"refused: {e}", 2)
 
-    from storage import query_endpoint
-    from storage.readonly import run_readonly
-    from storage.store import StoreError, StoreLocked, close_store, open_store
+    from rankscope.storage import query_endpoint
+    from rankscope.storage.readonly import run_readonly
+    from rankscope.storage.store import StoreError, StoreLocked, close_store, open_store
 
     dsn = settings.store_dsn
     try:

@@ -43,7 +43,7 @@ def up(args: argparse.Namespace, settings: Settings) -> int:
     extras.require("rankscope up", "processors", "dashboard", *extras.store_extras(settings.embedded_store))
     from rankscope.admin import ensure_topics
     from rankscope.broker import ensure_broker
-    from storage.serve import check_bind
+    from rankscope.storage.serve import check_bind
 
     check_bind(settings)  # before starting anything: serve would refuse, and be restarted, forever
 
@@ -141,7 +141,7 @@ def supervise(args: argparse.Namespace, settings: Settings) -> int:
 def processors(args: argparse.Namespace, settings: Settings) -> int:
     extras.require("rankscope processors", "processors")
     from rankscope.admin import ensure_topics
-    from stream_processors.app import run_worker
+    from rankscope.stream_processors.app import run_worker
 
     ensure_topics(settings, timeout_s=60)
     run_worker(settings, loglevel=settings.log_level.upper())

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-
-from stream_processors.analysis.conventions import (
+from rankscope.stream_processors.analysis.conventions import (
     ANALYZED_TYPES,
     COMMUNICATION,
     COMPUTATION,

@@ -3,7 +3,7 @@ per-rank summaries, live or recorded.
 
 The processors and ``rankscope analyze`` run the same steps:
 
-1. each rank's events are summarised by the ranks' own summarizer (``producers.trace_events``:
+1. each rank's events are summarised by the ranks' own summarizer (``rankscope.producers.trace_events``:
    :func:`rank_summary` runs it offline on a recorded trace, as ``rankscope replay`` does before
    shipping the summary);
 2. the summary body goes through the wire codec (:func:`rankscope.wire.encode` / ``decode``), as a
@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
+from rankscope.stream_processors.analysis.kineto import Trace
+from rankscope.stream_processors.analysis.replay import epoch_base_ns, event_dicts
+from rankscope.stream_processors.analysis.report import build_report
+from rankscope.stream_processors.analysis.summaries import summary_frames
 
 from rankscope.wire import Envelope, decode, encode
-from stream_processors.analysis.kineto import Trace
-from stream_processors.analysis.replay import epoch_base_ns, event_dicts
-from stream_processors.analysis.report import build_report
-from stream_processors.analysis.summaries import summary_frames
 
 __all__ = ["OFFLINE_WINDOW", "diagnose_summaries", "rank_summary", "report_from_frames"]
 
@@ -36,8 +36,8 @@ def rank_summary(trace: Trace, window_id: str = OFFLINE_WINDOW) -> dict[str, Any
     ``extra_columns=True`` (Python stacks, memcpy bytes). Raises ValueError when nothing in it is
     replayable."""
     # The rank's summarizer itself, so offline numbers are the live pipeline's (a layering exception).
-    from producers.trace_events import summarize, summary_body, to_columnar
-    from producers.trace_window import collective_arrivals
+    from rankscope.producers.trace_events import summarize, summary_body, to_columnar
+    from rankscope.producers.trace_window import collective_arrivals
 
     events = event_dicts(trace.events, offset_ns=epoch_base_ns(trace.metadata))
     if not events:

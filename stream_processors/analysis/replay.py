@@ -2,7 +2,7 @@
 
 :func:`event_dicts` turns one rank's events table (:func:`kineto.load_trace`, best with
 ``extra_columns=True`` so python call stacks and memcpy bytes survive) into the dicts that
-``producers.trace_events.extract_events`` returns, so a recorded trace goes through the same
+``rankscope.producers.trace_events.extract_events`` returns, so a recorded trace goes through the same
 ``to_columnar`` / ``summarize`` / ``chunk`` path, processors and sink as a live window.
 
 Mapping (reader column -> event dict key):
@@ -100,7 +100,7 @@ def _meta(args: Any) -> dict[str, Any] | None:
 
 
 def event_dicts(events: pd.DataFrame, *, offset_ns: int = 0) -> list[dict[str, Any]]:
-    """Event dicts (``producers.trace_events`` format) of one rank's events table, in table order.
+    """Event dicts (``rankscope.producers.trace_events`` format) of one rank's events table, in table order.
 
     ``offset_ns`` is added to every start (see :func:`time_offsets_ns`). Raises ValueError when
     the table lacks the reader's columns.

@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 import sample_data as sd
 import streamlit as st
-
-from dashboard import ui
-from storage.store import Store, apply_schema, close_store, open_store
+from rankscope.dashboard import ui
+from rankscope.storage.store import Store, apply_schema, close_store, open_store
 
 
 @pytest.fixture(scope="module")

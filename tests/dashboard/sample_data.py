@@ -25,8 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rankscope.storage.store import Store
+
 from rankscope.alerts import Alert, StackGroup
-from storage.store import Store
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -247,7 +248,7 @@ def _alert_row(a: Alert) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from storage.store import close_store, open_store
+    from rankscope.storage.store import close_store, open_store
 
     dsn = sys.argv[1]
     st = open_store(dsn)

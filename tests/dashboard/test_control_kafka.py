@@ -1,4 +1,4 @@
-"""dashboard.control against a real broker: the request reaches the control topic, acks come back on the replies topic."""
+"""rankscope.dashboard.control against a real broker: the request reaches the control topic, acks come back on the replies topic."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+from rankscope.dashboard import control
 
-from dashboard import control
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, decode, encode
 

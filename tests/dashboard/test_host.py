@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import sample_data as sd
 from pagetest import open_page, page_text
-
-from dashboard import queries as q
-from dashboard import ui
+from rankscope.dashboard import queries as q
+from rankscope.dashboard import ui
 
 pytestmark = pytest.mark.clickhouse
 S = sd.S

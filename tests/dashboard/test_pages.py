@@ -12,10 +12,9 @@ import pandas as pd
 import pytest
 import sample_data as sd
 from pagetest import open_page, page_text
-
-from dashboard import queries as q
-from dashboard import ui
-from storage.store import Store, StoreLocked
+from rankscope.dashboard import queries as q
+from rankscope.dashboard import ui
+from rankscope.storage.store import Store, StoreLocked
 
 pytestmark = pytest.mark.clickhouse
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 from browser import launch_browser, screenshot, wait_for_text
+from rankscope.dashboard.login import password_ok
+from rankscope.storage.serve import check_bind, streamlit_options
 
-from dashboard.login import password_ok
 from rankscope.config import ConfigError, Settings
-from storage.serve import check_bind, streamlit_options
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "correct horse battery staple"

@@ -8,8 +8,7 @@ import pandas as pd
 import pytest
 import sample_data as sd
 from pagetest import open_page, page_text
-
-from dashboard import queries as q
+from rankscope.dashboard import queries as q
 
 
 @pytest.mark.clickhouse
@@ -73,7 +72,7 @@ def test_reports_page_empty_state(app_env, monkeypatch):
 
 def diagnosis_report() -> dict:
     """A live report of 4 workers with rank 2 slow (the analyzer's own output, not a hand-made dict)."""
-    from stream_processors.analysis.report import build_report
+    from rankscope.stream_processors.analysis.report import build_report
 
     rows, arrivals = [], []
     for r in range(4):
@@ -134,7 +133,7 @@ def test_reports_page_window_link_picks_that_report(app_env, monkeypatch):
 
 STORE_REPORT = r"""
 import json, sys
-from storage.store import close_store, open_store
+from rankscope.storage.store import close_store, open_store
 dsn, path = sys.argv[1], sys.argv[2]
 rep = json.loads(open(path).read())
 store = open_store(dsn)

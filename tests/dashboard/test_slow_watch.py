@@ -3,7 +3,7 @@ no alert; turns taken by every rank are not (real chDB store)."""
 
 from __future__ import annotations
 
-from dashboard import queries as q
+from rankscope.dashboard import queries as q
 
 MS = 1_000_000
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import sample_data as sd
 from pagetest import open_page, page_text
-
-from dashboard import queries as q
-from storage.store import StoreError
+from rankscope.dashboard import queries as q
+from rankscope.storage.store import StoreError
 
 pytestmark = pytest.mark.clickhouse
 

@@ -21,17 +21,17 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
+from rankscope.dashboard import control
+from rankscope.producers.tracer import Tracer
+from rankscope.storage.sink import Sink
+from rankscope.storage.store import close_store, open_store
 
-from dashboard import control
-from producers.tracer import Tracer
 from rankscope.admin import ensure_topics
 from rankscope.alerts import Alert
 from rankscope.broker import LocalBroker
 from rankscope.config import Settings
 from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
-from storage.sink import Sink
-from storage.store import close_store, open_store
 from tests.integration.helpers import REPO, child_env, free_port, stop_process, tail, wait_until
 from tests.integration.tls_broker import USER, LocalCa, client_settings, make_test_ca, sasl_ssl_broker
 
@@ -175,7 +175,7 @@ def test_the_processors_consume_and_alert_on_a_planted_hang_over_sasl_ssl(secure
 
 RANK_SCRIPT = """
 import time
-from producers.tracer import Tracer
+from rankscope.producers.tracer import Tracer
 t = Tracer(job_id="wrong-pw", rank=0, world_size=1, local_rank=0, hw_sample_s=0.0,
            install_collective_timing=False, handle_signals=False)
 deadline = time.monotonic() + {seconds}

@@ -9,8 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
-
-from producers.collectives import CommTimer, install, register_ddp_hook, uninstall
+from rankscope.producers.collectives import CommTimer, install, register_ddp_hook, uninstall
 
 
 def _port() -> int:
@@ -68,7 +67,8 @@ def test_all_reduce_time_is_counted(gloo_group: None) -> None:
 
 
 def test_tracer_removes_its_ddp_hook_at_close(gloo_group: None) -> None:
-    from producers.tracer import Tracer
+    from rankscope.producers.tracer import Tracer
+
     from rankscope.config import Settings
 
     class Sink:

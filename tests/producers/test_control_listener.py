@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from producers.control import ControlListener
+from rankscope.producers.control import ControlListener
+
 from rankscope.wire import Envelope, encode
 
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from rankscope.producers.collectives import CommTimer
+from rankscope.producers.ddp import DdpWatcher
+from rankscope.producers.tracer import Tracer
 
-from producers.collectives import CommTimer
-from producers.ddp import DdpWatcher
-from producers.tracer import Tracer
 from rankscope.config import Settings
 from rankscope.wire import decode
 
@@ -149,8 +149,8 @@ def test_watcher_ignores_a_model_without_trainable_parameters(gloo_group: None) 
 
 
 def test_a_stack_stopped_in_backward_after_the_last_gradient_shows_the_reducer_wait() -> None:
-    from producers.ddp import REDUCER_WAIT_FRAME, mark_reducer_wait
-    from stream_processors.stacks import waiting_in_collective
+    from rankscope.producers.ddp import REDUCER_WAIT_FRAME, mark_reducer_wait
+    from rankscope.stream_processors.stacks import waiting_in_collective
 
     in_backward = [f"train.py:{i} main" for i in range(47)] + ["torch/autograd/graph.py:829 _engine_run_backward"]
     elsewhere = ["train.py:10 main", "train.py:20 __getitem__"]

@@ -12,15 +12,15 @@ from typing import Any
 
 import pynvml as real_nvml
 import pytest
+from rankscope.producers.hw import NO_NVML_MESSAGE, HardwareSampler
+from rankscope.producers.hw_gpu import pick_gpu
+from rankscope.producers.identity import RankIdentity
+from rankscope.producers.tracer import Tracer
+from rankscope.storage.columns import TABLE_COLUMNS, Columns
+from rankscope.storage.rows import hw_columns
 
-from producers.hw import NO_NVML_MESSAGE, HardwareSampler
-from producers.hw_gpu import pick_gpu
-from producers.identity import RankIdentity
-from producers.tracer import Tracer
 from rankscope.config import ConfigError, Settings
 from rankscope.wire import Envelope, decode, encode
-from storage.columns import TABLE_COLUMNS, Columns
-from storage.rows import hw_columns
 
 GIB = 2**30
 

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from rankscope.producers.native_extract import WindowReader, extract_columns, load_native
+from rankscope.producers.trace_events import to_columnar
+from rankscope.producers.trace_extract import RawEvents, extract_raw
+from rankscope.producers.trace_window import convert_window
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
-from producers.native_extract import WindowReader, extract_columns, load_native
-from producers.trace_events import to_columnar
-from producers.trace_extract import RawEvents, extract_raw
-from producers.trace_window import convert_window
 from rankscope.call_paths import expand_call_paths
 from rankscope.cli import main as cli_main
 from rankscope.config import Settings
@@ -121,8 +121,8 @@ class _BrokenKernels:
 
 
 def test_a_failing_native_conversion_costs_no_window(caplog: pytest.LogCaptureFixture) -> None:
-    from producers.control import parse_trace_request
-    from producers.trace_window import WindowController, _Active
+    from rankscope.producers.control import parse_trace_request
+    from rankscope.producers.trace_window import WindowController, _Active
 
     class Reader:
         native = _BrokenKernels()
@@ -237,7 +237,7 @@ def _window_beside_threads(threads: dict[str, Any]) -> tuple[Any, dict[str, Any]
 
 
 def test_the_tracers_own_threads_are_left_out_of_windows() -> None:
-    from producers.trace_window import own_thread_ids
+    from rankscope.producers.trace_window import own_thread_ids
 
     seen: list[set[int]] = []
     prof, started = _window_beside_threads({"rankscope-test-busy": lambda: None,
@@ -291,7 +291,7 @@ def test_stacks_of_tracer_threads_filed_under_another_thread_are_left_out_too() 
 
 
 def test_a_thread_that_leaves_the_profiler_is_not_traced() -> None:
-    from producers.untraced import leave_profiler
+    from rankscope.producers.untraced import leave_profiler
 
     prof, started = _window_beside_threads({"traced": lambda: None, "left": leave_profiler})
     py_tids = [int(t) for t in extract_raw(prof).py["tid"]]

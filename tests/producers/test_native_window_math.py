@@ -9,9 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from producers.native_extract import load_native
-from producers.trace_events import (
+from rankscope.producers.native_extract import load_native
+from rankscope.producers.trace_events import (
     ANNOTATION,
     COLLECTIVE,
     CPU_OP,
@@ -24,6 +23,7 @@ from producers.trace_events import (
     group_stats,
     summarize,
 )
+
 from rankscope.config import Settings
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from rankscope.producers.attach import ATTACHED_PID, attach_env, boot_dir, should_attach
+from rankscope.producers.step_hooks import OptimizerSteps, StepMarker
+from rankscope.producers.tracer import Tracer
 
-from producers.attach import ATTACHED_PID, attach_env, boot_dir, should_attach
-from producers.step_hooks import OptimizerSteps, StepMarker
-from producers.tracer import Tracer
 from rankscope.config import ConfigError, Settings
 from rankscope.wire import decode
 
@@ -256,7 +256,7 @@ def test_the_boot_hook_attaches_a_rank_only_and_runs_the_sitecustomize_it_hides(
     (hidden / "sitecustomize.py").write_text("import os\nos.environ['HIDDEN_SITECUSTOMIZE_RAN'] = '1'\n")
     env = {**attach_env({"PYTHONPATH": str(hidden)}), "RANKSCOPE_BOOTSTRAP_SERVERS": "127.0.0.1:1",
            "RANKSCOPE_CONTROL_ENABLED": "false", "RANKSCOPE_HW_SAMPLE_S": "0", "RANKSCOPE_FLUSH_TIMEOUT_S": "0.5"}
-    probe = ("import os, sys, producers.attach as a; t = a._attached.get('tracer'); "
+    probe = ("import os, sys, rankscope.producers.attach as a; t = a._attached.get('tracer'); "
              "print(os.environ.get('HIDDEN_SITECUSTOMIZE_RAN'), t is not None, "
              "os.environ.get('RANKSCOPE_ATTACHED_PID') == str(os.getpid()), 'torch' in sys.modules)")
     assert _python(probe, {**env, "RANK": "0", "WORLD_SIZE": "1"}) == "1 True True True"

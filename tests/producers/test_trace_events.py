@@ -12,9 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile, schedule
-
-from producers.trace_events import (
+from rankscope.producers.trace_events import (
     ANNOTATION,
     CATEGORIES,
     PYTHON,
@@ -29,6 +27,8 @@ from producers.trace_events import (
     summary_body,
     to_columnar,
 )
+from torch.profiler import ProfilerActivity, profile, schedule
+
 from rankscope.wire import Envelope, decode, encode
 
 FIRST_STEP = 100

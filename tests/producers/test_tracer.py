@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from producers.tracer import Tracer
+from rankscope.producers.tracer import Tracer
+
 from rankscope.clock import ManualClock
 from rankscope.config import Settings
 from rankscope.wire import decode
@@ -141,7 +142,7 @@ def test_the_profilers_start_is_tool_time_not_time_without_a_step():
 
 
 def test_a_profiler_start_that_never_returns_is_a_stall_after_the_pause_limit():
-    from producers.tracer import TOOL_PAUSE_MAX_S
+    from rankscope.producers.tracer import TOOL_PAUSE_MAX_S
 
     clock = ManualClock()
     tracer, _ = make(clock)

@@ -12,7 +12,8 @@ import threading
 import time
 import weakref
 
-from producers.tracer import Tracer
+from rankscope.producers.tracer import Tracer
+
 from rankscope.config import Settings
 
 
@@ -68,7 +69,7 @@ def _describe(tids: set[int]) -> list[str]:
 def test_a_misspelled_setting_is_warned_about_on_the_rank(monkeypatch, caplog) -> None:
     import logging
 
-    from producers.tracer import Tracer
+    from rankscope.producers.tracer import Tracer
 
     monkeypatch.setenv("RANKSCOPE_HEARTBEAT_SS", "2")
     monkeypatch.setenv("RANKSCOPE_CONTROL_ENABLED", "false")

@@ -8,8 +8,8 @@ import gc
 import os
 import weakref
 
-import producers.transport as transport_mod
-from producers.transport import Transport
+import rankscope.producers.transport as transport_mod
+from rankscope.producers.transport import Transport
 
 
 def test_forked_child_keeps_the_parents_producer_undestroyed_and_sends_nothing():

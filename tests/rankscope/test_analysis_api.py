@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from rankscope.stream_processors.analysis.offline import analyze_paths
 
 from rankscope.analysis import TraceAnalysis
-from stream_processors.analysis.offline import analyze_paths
 from tests.stream_processors.analysis.trace_sets import DATA, slow_rank_set
 
 
@@ -23,7 +23,7 @@ def slow4(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_importing_loads_neither_pandas_nor_the_analyzers() -> None:
-    code = "import sys, rankscope.analysis; print('pandas' in sys.modules, 'stream_processors' in sys.modules)"
+    code = "import sys, rankscope.analysis; print('pandas' in sys.modules, 'rankscope.stream_processors' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

@@ -8,16 +8,17 @@ from __future__ import annotations
 import base64
 import re
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from rankscope.storage.serve import check_bind
 
 from rankscope.cli import build_parser
 from rankscope.config import Settings
-from storage.serve import check_bind
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
@@ -182,6 +183,8 @@ def test_server_image_has_no_torch_and_no_test_tools() -> None:
     for word in ("torch", "pytest", "playwright", "ruff", "mypy", "-e ", "[dev]"):
         assert word not in runs, word
     copied = {shlex.split(line)[1] for line in text.splitlines() if line.startswith("COPY ") and "--from" not in line}
-    assert "tests" not in copied
+    assert "tests" not in copied and "benchmarks" not in copied
+    folders = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    assert folders <= copied, folders - copied        # every folder the wheel is built from
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".git", ".venv", "tests"} <= set(ignored)

@@ -29,7 +29,7 @@ def _event(rank: int, category: str, name: str, start: int, dur: int, device: in
 def stored(tmp_path: Path) -> Iterator[str]:
     """A chDB store with one window of two ranks (plus another job's window); closed before the test
     runs the command, since chDB allows one open directory per process."""
-    from storage.store import close_store, open_store
+    from rankscope.storage.store import close_store, open_store
 
     dsn = f"chdb://{tmp_path / 'ch'}"
     store = open_store(dsn)
@@ -101,7 +101,7 @@ def test_export_unknown_window_and_bad_args(stored: str, tmp_path: Path, capsys:
 
 def test_export_store_locked_prints_hint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    import storage.store as store_mod
+    import rankscope.storage.store as store_mod
 
     def locked(dsn: str, apply: bool = True) -> None:
         raise store_mod.StoreLocked(f"the embedded store {dsn} is open in another process (chDB allows one).")

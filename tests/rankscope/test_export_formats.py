@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rankscope.stream_processors.analysis.kineto import load_traces
 
 from rankscope.cli import main
-from stream_processors.analysis.kineto import load_traces
 from tests.stream_processors.analysis.trace_sets import DATA
 
 T0 = (time.time_ns() // 10**9 - 3600) * 10**9
@@ -20,7 +20,7 @@ T0 = (time.time_ns() // 10**9 - 3600) * 10**9
 
 @pytest.fixture
 def stored(tmp_path: Path) -> Iterator[str]:
-    from storage.store import close_store, open_store
+    from rankscope.storage.store import close_store, open_store
 
     dsn = f"chdb://{tmp_path / 'ch'}"
     store = open_store(dsn)

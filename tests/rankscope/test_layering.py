@@ -34,10 +34,13 @@ ALLOWED = {
 
 
 def layer(module: str) -> str:
-    top = module.split(".")[0]
-    if module == "rankscope" or module.startswith("rankscope."):
-        return "cli" if module.startswith(CLI) else ("demo" if module.startswith("rankscope.demo") else "rankscope")
-    return top
+    """The layer of a module by its installed name (``rankscope.storage.sink`` is in ``storage``)."""
+    parts = module.split(".")
+    if parts[0] != "rankscope":
+        return parts[0]
+    if len(parts) > 1 and parts[1] in RUNTIMES:
+        return parts[1]
+    return "cli" if module.startswith(CLI) else ("demo" if module.startswith("rankscope.demo") else "rankscope")
 
 
 def imports(path: Path) -> list[str]:
@@ -56,6 +59,7 @@ def source_files() -> list[tuple[str, Path]]:
         for path in sorted((REPO / pkg).rglob("*.py")):
             rel = path.relative_to(REPO).as_posix()
             module = rel[:-3].replace("/", ".").removesuffix(".__init__")
+            module = module if pkg == "rankscope" else f"rankscope.{module}"   # its installed name
             files.append((module, path))
     return files
 
@@ -88,6 +92,21 @@ def test_the_check_sees_a_violation(tmp_path, monkeypatch):
     fake = tmp_path / "stream_processors"
     fake.mkdir()
     (fake / "bad.py").write_text("def f():\n    from rankscope.commands.trace import run\n")
-    (fake / "ok.py").write_text("from rankscope.wire import decode\n")
+    (fake / "ok.py").write_text("from rankscope.wire import decode\nfrom rankscope.stream_processors import app\n")
+    (fake / "also_bad.py").write_text("from rankscope.producers.tracer import Tracer\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["REPO"]), "REPO", tmp_path)
-    assert violations() == ["stream_processors/bad.py imports rankscope.commands.trace (stream_processors -> cli)"]
+    assert violations() == [
+        "stream_processors/also_bad.py imports rankscope.producers.tracer (stream_processors -> producers)",
+        "stream_processors/bad.py imports rankscope.commands.trace (stream_processors -> cli)"]
+
+
+def test_every_import_uses_the_installed_names():
+    """``storage`` or ``producers`` alone resolve only in a checkout; installed, they are
+    ``rankscope.storage`` and ``rankscope.producers``, so code, tests and benchmarks import those."""
+    bad = []
+    for path in sorted(REPO.rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith((".", "build/")) or "/." in rel:
+            continue
+        bad += [f"{rel} imports {name}" for name in imports(path) if name.split(".")[0] in RUNTIMES]
+    assert bad == []

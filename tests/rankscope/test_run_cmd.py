@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from producers.attach import boot_dir
+from rankscope.producers.attach import boot_dir
 
 
 def rankscope(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

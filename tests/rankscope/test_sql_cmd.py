@@ -55,7 +55,7 @@ def test_guard_looks_at_calls_not_at_names_in_strings_comments_or_columns() -> N
 
 @pytest.fixture
 def store_dsn(tmp_path: Path) -> Iterator[str]:
-    from storage.store import close_store, open_store
+    from rankscope.storage.store import close_store, open_store
 
     dsn = f"chdb://{tmp_path / 'ch'}"
     store = open_store(dsn)
@@ -103,8 +103,8 @@ def test_sql_reports_clickhouse_errors_with_status_1(store_dsn: str, tmp_path: P
 @pytest.fixture
 def endpoint(store_dsn: str, tmp_path: Path):
     """Serve's query endpoint in this process, holding the store (as ``rankscope serve`` does)."""
-    from storage.query_endpoint import QueryEndpoint
-    from storage.store import close_store, open_store
+    from rankscope.storage.query_endpoint import QueryEndpoint
+    from rankscope.storage.store import close_store, open_store
 
     ep = QueryEndpoint(open_store(store_dsn), tmp_path).start()
     yield ep
@@ -113,7 +113,7 @@ def endpoint(store_dsn: str, tmp_path: Path):
 
 
 def test_endpoint_file_is_private_and_the_token_is_required(endpoint, tmp_path: Path) -> None:
-    from storage.query_endpoint import endpoint_path
+    from rankscope.storage.query_endpoint import endpoint_path
 
     path = endpoint_path(tmp_path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -131,7 +131,7 @@ def test_sql_goes_through_the_endpoint(endpoint, store_dsn: str, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     """This process holds the store and answers on its endpoint; the command's answer comes over HTTP
     (the endpoint records the statements it served)."""
-    from storage.query_endpoint import endpoint_for, query
+    from rankscope.storage.query_endpoint import endpoint_for, query
 
     served = []
     answer = endpoint.answer
@@ -152,8 +152,8 @@ def test_sql_goes_through_the_endpoint(endpoint, store_dsn: str, tmp_path: Path,
 
 
 def test_endpoint_store_serves_the_dashboards_queries(endpoint, store_dsn: str, tmp_path: Path) -> None:
-    from dashboard import queries
-    from storage.query_endpoint import open_read_store
+    from rankscope.dashboard import queries
+    from rankscope.storage.query_endpoint import open_read_store
 
     store, release = open_read_store(store_dsn, tmp_path)
     try:

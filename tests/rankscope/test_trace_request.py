@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer
+from rankscope.dashboard import control
 
-from dashboard import control
 from rankscope.commands.trace import request_from_args
 from rankscope.config import Settings
 from rankscope.topics import Topic

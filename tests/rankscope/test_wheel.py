@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("rankscope", "producers", "stream_processors", "storage", "dashboard", "benchmarks")
+PACKAGES = ("rankscope", "producers", "stream_processors", "storage", "dashboard")
+RUNTIMES = PACKAGES[1:]           # installed as rankscope.producers, rankscope.storage, ...
 # Every data file a package reads at run time, as globs in the repo.
 DATA_GLOBS = ("storage/*.sql", "storage/migrations/*", "rankscope/kafka/*",
               "producers/native/*.cpp", "producers/native/*.h", "dashboard/*/*.py")
@@ -82,13 +83,28 @@ def test_wheel_declares_rank_side_only_and_server_extras(wheel: Path) -> None:
                for r in extra_of["server"]), extra_of["server"]
 
 
+def installed_path(repo_path: str) -> str:
+    """Where a file of the repo lies in the wheel: ``storage/schema.sql`` -> ``rankscope/storage/schema.sql``."""
+    return f"rankscope/{repo_path}" if repo_path.split("/")[0] in RUNTIMES else repo_path
+
+
+def test_wheel_installs_one_namespace(wheel: Path) -> None:
+    tops = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"rankscope"}, tops
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = [installed_path(f) for f in _source_files() if f.endswith(".py")]
+    assert len(modules) > 100
+    missing = [m for m in modules if m not in names]
+    assert not missing, f"modules not in {wheel.name} (a folder missing from pyproject's packages?): {missing}"
+
+
 def test_wheel_has_every_data_file(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    expected = sorted({str(p.relative_to(REPO)) for g in DATA_GLOBS for p in REPO.glob(g)
+    expected = sorted({installed_path(str(p.relative_to(REPO))) for g in DATA_GLOBS for p in REPO.glob(g)
                        if p.is_file() and not p.name.startswith(".")})
-    assert {"storage/schema.sql", "rankscope/kafka/pom.xml", "producers/native/kineto_columns.cpp",
-            "producers/native/window_math.h"} <= set(expected)
-    assert any(e.startswith("storage/migrations/") for e in expected)
+    assert {"rankscope/storage/schema.sql", "rankscope/kafka/pom.xml", "rankscope/producers/native/kineto_columns.cpp",
+            "rankscope/producers/native/window_math.h"} <= set(expected)
+    assert any(e.startswith("rankscope/storage/migrations/") for e in expected)
     missing = [e for e in expected if e not in names]
     assert not missing, f"not in {wheel.name}: {missing}"
 
@@ -99,9 +115,9 @@ def test_installed_wheel_opens_store(wheel: Path, tmp_path: Path) -> None:
                           str(wheel)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     script = textwrap.dedent(f"""
-        import storage
-        from storage.store import open_store
-        assert storage.__file__.startswith({str(site)!r}), storage.__file__
+        import rankscope.storage
+        from rankscope.storage.store import open_store
+        assert rankscope.storage.__file__.startswith({str(site)!r}), rankscope.storage.__file__
         store = open_store("chdb://{tmp_path / 'ch'}")
         print(store.query_rows("SELECT count() FROM rankscope.jobs")[0][0])
         print(store.query_rows("SELECT count() FROM rankscope.schema_migrations")[0][0])

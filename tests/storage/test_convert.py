@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from rankscope.storage.columns import InvalidMessage
+from rankscope.storage.convert import Batch, RowBuilder
 
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
-from storage.columns import InvalidMessage
-from storage.convert import Batch, RowBuilder
 
 
 def beat(rank: int, step: int, sent_ns: int) -> bytes:

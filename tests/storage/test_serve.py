@@ -16,12 +16,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from rankscope.storage.serve import export_settings, streamlit_options
+from rankscope.storage.store import close_store, open_store
 
 from rankscope.config import ConfigError, Settings
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
-from storage.serve import export_settings, streamlit_options
-from storage.store import close_store, open_store
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 60.0
@@ -30,8 +30,8 @@ PAGE = textwrap.dedent("""
     import streamlit as st
 
     from rankscope.config import Settings
-    from storage.serve import running_sink
-    from storage.store import open_store
+    from rankscope.storage.serve import running_sink
+    from rankscope.storage.store import open_store
 
     settings = Settings.from_env()
     store = open_store(settings.store_dsn)

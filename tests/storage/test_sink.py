@@ -14,16 +14,16 @@ from typing import Any
 
 import msgpack
 import pytest
+from rankscope.storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
+from rankscope.storage.rows import hw_columns, merge_rank, steps_columns, summary_columns, trace_columns
+from rankscope.storage.sink import RetryPolicy, Sink
+from rankscope.storage.store import Store, StoreError, close_store, open_store
 
 from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, decode, encode
-from storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
-from storage.rows import hw_columns, merge_rank, steps_columns, summary_columns, trace_columns
-from storage.sink import RetryPolicy, Sink
-from storage.store import Store, StoreError, close_store, open_store
 
 DEADLINE_S = 60.0
 T0 = (time.time_ns() // 10**9 - 3600) * 10**9  # an hour ago: inside the tables' TTLs
@@ -145,7 +145,7 @@ def test_merge_rank_carries_fields_forward_and_detects_restart() -> None:
 
 def _trace_window(compact_paths: bool = True) -> tuple[list[bytes], bytes]:
     """A small window made by producers/trace_events.py: trace chunks and the summary message."""
-    from producers.trace_events import chunk, summarize, summary_body, to_columnar
+    from rankscope.producers.trace_events import chunk, summarize, summary_body, to_columnar
 
     t = T0
     events = [
@@ -170,7 +170,8 @@ def _trace_window(compact_paths: bool = True) -> tuple[list[bytes], bytes]:
 
 
 def test_trace_and_summary_rows() -> None:
-    from producers.trace_events import decode_chunk
+    from rankscope.producers.trace_events import decode_chunk
+
     from rankscope.wire import decode
 
     traces, summary = _trace_window()
@@ -236,7 +237,8 @@ def test_trace_and_summary_rows() -> None:
 def test_list_form_trace_chunks_give_the_same_rows() -> None:
     """Chunks with int-list columns and a full attrs list (what ranks sent before packed columns)
     are still stored, row for row as the packed form; a packed chunk whose count disagrees is refused."""
-    from producers.trace_events import WIRE_INT_COLUMNS, decode_chunk
+    from rankscope.producers.trace_events import WIRE_INT_COLUMNS, decode_chunk
+
     from rankscope.wire import decode
 
     traces, _ = _trace_window()

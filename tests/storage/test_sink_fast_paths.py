@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from rankscope.storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
+from rankscope.storage.rows import hw_columns, hw_columns_checked, stats_rows, stats_tuples
 
 from rankscope.wire import Envelope
-from storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
-from storage.rows import hw_columns, hw_columns_checked, stats_rows, stats_tuples
 
 
 def _env(kind: str, body: dict[str, Any]) -> Envelope:

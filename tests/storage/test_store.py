@@ -9,8 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from storage.store import (
+from rankscope.storage.store import (
     Store,
     StoreError,
     StoreLocked,
@@ -98,7 +97,7 @@ def test_second_directory_in_same_process_is_a_clear_error(store: Store, tmp_pat
 def test_store_locked_when_another_process_holds_the_directory(store: Store) -> None:
     probe = textwrap.dedent(f"""
         import sys
-        from storage.store import StoreLocked, open_store
+        from rankscope.storage.store import StoreLocked, open_store
         try:
             open_store({store.dsn!r})
         except StoreLocked as e:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from rankscope.stream_processors.failures import attribute, is_peer_error
+from rankscope.stream_processors.pipeline import TwoStage
+from rankscope.stream_processors.shard import ShardJob
+from rankscope.stream_processors.summary import MAX_SUMMARY_BYTES, Failure, ShardSummary
 
 from rankscope.config import Settings
 from rankscope.wire import Envelope, WireError, decode, encode
-from stream_processors.failures import attribute, is_peer_error
-from stream_processors.pipeline import TwoStage
-from stream_processors.shard import ShardJob
-from stream_processors.summary import MAX_SUMMARY_BYTES, Failure, ShardSummary
 
 S = Settings(hang_min_s=10, hang_factor=8, dead_after_s=6, scan_interval_s=1.0)
 STEP_NS = 10_000_000

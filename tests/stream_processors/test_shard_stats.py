@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from rankscope.stream_processors.shard import ShardJob, busy_z_scores
+
 from rankscope.config import Settings
 from rankscope.wire import Envelope
-from stream_processors.shard import ShardJob, busy_z_scores
 
 S = Settings(straggler_window=20, straggler_min_steps=8)
 STEP_NS = 100_000_000

@@ -2,7 +2,7 @@
 
 Python imports ``sitecustomize`` at start-up. This one first runs the ``sitecustomize`` it hides
 (the next one on ``sys.path``, if any), then, only when ``RANKSCOPE_ATTACH`` is set, lets
-:func:`producers.attach.attach_if_rank` decide whether this process is a rank to instrument.
+:func:`rankscope.producers.attach.attach_if_rank` decide whether this process is a rank to instrument.
 Nothing here may fail the process.
 """
 
@@ -26,7 +26,7 @@ def _run_hidden_sitecustomize() -> None:
 def _boot() -> None:
     if os.environ.get("RANKSCOPE_ATTACH", "").lower() not in ("1", "true", "yes", "on"):
         return
-    from producers.attach import attach_if_rank
+    from rankscope.producers.attach import attach_if_rank
 
     attach_if_rank()
 

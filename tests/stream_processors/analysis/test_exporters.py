@@ -10,11 +10,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from rankscope.stream_processors.analysis.exporters import (
+    folded_stacks,
+    kineto_trace,
+    merged_chrome_trace,
+    speedscope,
+)
+from rankscope.stream_processors.analysis.kineto import load_trace
+from rankscope.stream_processors.analysis.offline import analyze_paths
 
 from benchmarks.offline_vs_hta import hta_python
-from stream_processors.analysis.exporters import folded_stacks, kineto_trace, merged_chrome_trace, speedscope
-from stream_processors.analysis.kineto import load_trace
-from stream_processors.analysis.offline import analyze_paths
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 SETS = ("hta_sampled2", "resnet_mi300_pyfn", "hta_nccl_meta_a100")

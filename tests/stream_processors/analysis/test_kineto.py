@@ -12,8 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-
-from stream_processors.analysis.kineto import (
+from rankscope.stream_processors.analysis.kineto import (
     CATEGORIES,
     TraceFormatError,
     concat_events,

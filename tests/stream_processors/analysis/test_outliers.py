@@ -6,8 +6,7 @@ import random
 import statistics
 
 import pytest
-
-from stream_processors.analysis.outliers import flag_slow, peer_z
+from rankscope.stream_processors.analysis.outliers import flag_slow, peer_z
 
 
 def naive(values: dict[int, float], floor: float = 1000.0) -> dict[int, tuple[float, float]]:

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from producers.trace_events import CATEGORIES, chunk, summarize, summary_body, to_columnar
-from producers.trace_window import collective_arrivals
-from rankscope.wire import Envelope, decode, encode
-from stream_processors.analysis.kineto import load_trace, load_traces
-from stream_processors.analysis.replay import (
+from rankscope.producers.trace_events import CATEGORIES, chunk, summarize, summary_body, to_columnar
+from rankscope.producers.trace_window import collective_arrivals
+from rankscope.stream_processors.analysis.kineto import load_trace, load_traces
+from rankscope.stream_processors.analysis.replay import (
     epoch_base_ns,
     event_dicts,
     event_types,
     skipped_count,
     time_offsets_ns,
 )
+
+from rankscope.wire import Envelope, decode, encode
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 TYPES = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cpu_op", "python_function", "user_annotation",
