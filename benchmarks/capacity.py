@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from rankscope.stream_processors.app import app_id
 
 from benchmarks._stack import env_for, local_stack
 from rankscope.admin import admin_client, ensure_topics
 from rankscope.config import Settings
+from rankscope.stream_processors.app import app_id
 from rankscope.topics import Topic
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -231,8 +231,8 @@ def encode_and_produce(settings: Settings) -> dict[str, Any]:
     reader's) to acknowledged Kafka messages:
     columns, summary, chunks, wire envelopes, produce, flush. Median of 3 runs."""
     from confluent_kafka import Producer
-    from rankscope.producers.trace_events import chunk, extract_raw, summarize, summary_body, to_columnar
 
+    from rankscope.producers.trace_events import chunk, extract_raw, summarize, summary_body, to_columnar
     from rankscope.wire import Envelope, encode
 
     one = extract_raw(_record_window())

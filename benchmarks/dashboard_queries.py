@@ -26,6 +26,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+
 from rankscope.dashboard import queries as q
 from rankscope.storage.store import Store, close_store, open_store
 

@@ -195,11 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     import clickhouse_connect  # noqa: F401
     import pandas  # noqa: F401
     import pyarrow  # noqa: F401
+
+    from benchmarks._stack import local_stack
     from rankscope.producers.tracer import Tracer
     from rankscope.storage.sink import Sink
     from rankscope.storage.store import close_store, open_store
-
-    from benchmarks._stack import local_stack
 
     gpu = _gpu_info() if device == "cuda" else {}
     if gpu:

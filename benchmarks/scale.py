@@ -52,13 +52,13 @@ from typing import Any
 
 import msgpack
 import numpy as np
-from rankscope.stream_processors.app import app_id
 
 from benchmarks._stack import env_for, free_port
 from rankscope.admin import admin_client, ensure_topics
 from rankscope.alerts import Alert
 from rankscope.broker import LocalBroker
 from rankscope.config import Settings
+from rankscope.stream_processors.app import app_id
 from rankscope.topics import Topic
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -35,9 +35,8 @@ def step_call_cost_us(n: int = 200_000) -> float:
     """In-process cost of one ``tracer.step()`` call (no I/O on the calling thread)."""
     import time
 
-    from rankscope.producers.tracer import Tracer
-
     from rankscope.config import Settings
+    from rankscope.producers.tracer import Tracer
 
     class Null:
         dropped = 0

@@ -7,6 +7,7 @@ Run with ``streamlit run dashboard/app.py`` (``rankscope serve`` does it for you
 """
 
 import streamlit as st
+
 from rankscope.dashboard.login import signed_in
 
 st.set_page_config(page_title="rankscope", page_icon=":material/monitoring:", layout="wide")

@@ -14,10 +14,10 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
-from rankscope.dashboard import queries
-from rankscope.storage.store import Store, StoreError, StoreLocked, open_store
 
 from rankscope.config import ConfigError, Settings
+from rankscope.dashboard import queries
+from rankscope.storage.store import Store, StoreError, StoreLocked, open_store
 
 JOB_PAGE = "views/job.py"
 QUERY_TTL_S = 1.0

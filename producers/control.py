@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from rankscope.producers.untraced import leave_profiler
 
 from rankscope.kafka_client import FirstFailureOnly, auth_error_cb, failure_kind
+from rankscope.producers.untraced import leave_profiler
 from rankscope.wire import WireError, decode
 
 log = logging.getLogger("rankscope.control")

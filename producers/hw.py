@@ -40,13 +40,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rankscope.clock import SYSTEM_CLOCK, Clock
+from rankscope.config import Settings
 from rankscope.producers.hw_gpu import GpuSampler, pick_gpu
 from rankscope.producers.hw_host import HostSampler
 from rankscope.producers.identity import RankIdentity
 from rankscope.producers.untraced import leave_profiler
-
-from rankscope.clock import SYSTEM_CLOCK, Clock
-from rankscope.config import Settings
 
 log = logging.getLogger("rankscope.hw")
 

@@ -6,13 +6,13 @@ from typing import Any
 
 import msgpack
 import numpy as np
+
+from rankscope.packed import narrowest_type, pack_int
 from rankscope.producers.categories import (
     ANNOTATION,
     CATEGORIES,
 )
 from rankscope.producers.trace_columnar import EVENT_COLUMNS, TIER_OF_CATEGORY, WIRE_INT_COLUMNS
-
-from rankscope.packed import narrowest_type, pack_int
 
 
 def _tiers(col: dict[str, Any]) -> np.ndarray:

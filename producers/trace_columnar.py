@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
 from rankscope.producers.categories import (
     ANNOTATION,
     CATEGORIES,

@@ -15,6 +15,8 @@ categories.
 
 from __future__ import annotations
 
+from rankscope.call_paths import expand_call_paths, path_strings  # noqa: F401
+
 # The pipeline's API, one import for its users (the modules hold one step each).
 from rankscope.producers.categories import (  # noqa: F401
     ANNOTATION,
@@ -53,5 +55,3 @@ from rankscope.producers.trace_summary import (  # noqa: F401
     summarize,
     summary_body,
 )
-
-from rankscope.call_paths import expand_call_paths, path_strings  # noqa: F401

@@ -6,6 +6,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+
+from rankscope.call_paths import path_strings
 from rankscope.producers.categories import (
     ANNOTATION,
     CATEGORIES,
@@ -14,8 +16,6 @@ from rankscope.producers.categories import (
     GPU_WORK,
     PYTHON,
 )
-
-from rankscope.call_paths import path_strings
 
 
 def _cpu_self_time(start: np.ndarray, end: np.ndarray) -> np.ndarray:

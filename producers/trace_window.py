@@ -322,6 +322,7 @@ def collective_arrivals(cols: dict[str, Any], limit: int = 5000) -> dict[str, li
     """When this rank called each collective (host side, ``c10d::*`` ops): the k-th call of each name
     on every rank is the same collective, so the processors can tell who arrived last."""
     import numpy as np
+
     from rankscope.producers.trace_events import COLLECTIVE
 
     ev, names = cols["events"], cols["names"]

@@ -31,6 +31,10 @@ import threading
 import traceback
 from typing import Any
 
+from rankscope.clock import SYSTEM_CLOCK, Clock
+from rankscope.config import Settings, unknown_env
+from rankscope.kafka_client import client_conf
+from rankscope.own_frames import is_own_frame
 from rankscope.producers.collectives import CommTimer, install, uninstall
 from rankscope.producers.control import ControlListener
 from rankscope.producers.ddp import DdpWatcher, mark_reducer_wait
@@ -41,11 +45,6 @@ from rankscope.producers.stacks import MAX_FRAMES, all_thread_stacks, frame_labe
 from rankscope.producers.trace_window import WindowController
 from rankscope.producers.transport import Transport
 from rankscope.producers.untraced import leave_profiler
-
-from rankscope.clock import SYSTEM_CLOCK, Clock
-from rankscope.config import Settings, unknown_env
-from rankscope.kafka_client import client_conf
-from rankscope.own_frames import is_own_frame
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
 from rankscope.wire import rank_key as steps_key

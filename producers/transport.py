@@ -17,9 +17,8 @@ import threading
 import weakref
 from typing import Any
 
-from rankscope.producers.untraced import leave_profiler
-
 from rankscope.kafka_client import auth_error_cb, failure_kind
+from rankscope.producers.untraced import leave_profiler
 
 log = logging.getLogger("rankscope.transport")
 

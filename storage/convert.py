@@ -14,6 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankscope.alerts import Alert
+from rankscope.deadletter import DeadLetter
 from rankscope.storage.columns import (
     HI,
     HI32,
@@ -41,9 +43,6 @@ from rankscope.storage.rows import (
     summary_columns,
     trace_columns,
 )
-
-from rankscope.alerts import Alert
-from rankscope.deadletter import DeadLetter
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, WireError, decode, split_beat
 

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from rankscope.storage.readonly import SqlResult, run_readonly_arrow
-from rankscope.storage.store import Store, StoreError
 
 from rankscope.sql_guard import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_S, SqlRefused
+from rankscope.storage.readonly import SqlResult, run_readonly_arrow
+from rankscope.storage.store import Store, StoreError
 
 log = logging.getLogger(__name__)
 

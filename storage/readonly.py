@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-from rankscope.storage.store import Store, StoreError
 
 from rankscope.sql_guard import (
     DEFAULT_MAX_BYTES,
@@ -28,6 +27,7 @@ from rankscope.sql_guard import (
     check_readonly_sql,
     readonly_settings,
 )
+from rankscope.storage.store import Store, StoreError
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from rankscope.alerts import Alert
+from rankscope.call_paths import expand_call_paths
+from rankscope.deadletter import DeadLetter
+from rankscope.packed import unpack_int_columns
 from rankscope.storage.columns import (
     HI,
     HI32,
@@ -30,11 +35,6 @@ from rankscope.storage.columns import (
     int_field,
     str_field,
 )
-
-from rankscope.alerts import Alert
-from rankscope.call_paths import expand_call_paths
-from rankscope.deadletter import DeadLetter
-from rankscope.packed import unpack_int_columns
 from rankscope.wire import Envelope
 
 

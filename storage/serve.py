@@ -135,9 +135,8 @@ class SinkThread:
         return True
 
     def _main(self) -> None:
-        from rankscope.storage.sink import Sink
-
         from rankscope.kafka_client import KafkaAuthError
+        from rankscope.storage.sink import Sink
 
         while not self.stop_event.is_set():
             sink = None
@@ -178,8 +177,9 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
     _preload_main_thread_imports()
     export_settings(settings)
 
-    from rankscope.storage.store import close_store, open_store
     from streamlit.web import bootstrap
+
+    from rankscope.storage.store import close_store, open_store
 
     store = open_store(settings.store_dsn)
     from rankscope.metrics import start_metrics

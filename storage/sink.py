@@ -33,16 +33,15 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.storage.columns import JOB_COLUMNS, RANK_COLUMNS, TABLE_ORDER, InvalidMessage
-from rankscope.storage.convert import Batch, RowBuilder
-from rankscope.storage.rows import merge_job, merge_rank
-from rankscope.storage.store import Store, StoreError
-
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.kafka_client import client_conf
 from rankscope.metrics import process_metrics
+from rankscope.storage.columns import JOB_COLUMNS, RANK_COLUMNS, TABLE_ORDER, InvalidMessage
+from rankscope.storage.convert import Batch, RowBuilder
+from rankscope.storage.rows import merge_job, merge_rank
+from rankscope.storage.store import Store, StoreError
 from rankscope.topics import Topic
 
 log = logging.getLogger(__name__)

@@ -29,17 +29,17 @@ from collections import Counter
 from typing import Any
 
 import faust
-from rankscope.stream_processors.folder import ShardFolder
-from rankscope.stream_processors.rebuild import open_incidents
-from rankscope.stream_processors.report_alerts import ReportAlerts
-from rankscope.stream_processors.stages import JobStage, Sender
-from rankscope.stream_processors.windows import WindowCollector
 
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.kafka_client import faust_auth
 from rankscope.metrics import process_metrics, start_metrics
+from rankscope.stream_processors.folder import ShardFolder
+from rankscope.stream_processors.rebuild import open_incidents
+from rankscope.stream_processors.report_alerts import ReportAlerts
+from rankscope.stream_processors.stages import JobStage, Sender
+from rankscope.stream_processors.windows import WindowCollector
 from rankscope.topics import Topic
 from rankscope.trace_request import TraceRequest, control_body, plan
 from rankscope.wire import Envelope, WireError, decode

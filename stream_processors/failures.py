@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.stream_processors.summary import Failure
-
 from rankscope.alerts import StackGroup
 from rankscope.config import Settings
+from rankscope.stream_processors.summary import Failure
 
 # Messages of the errors a rank sees when a peer's process went away (gloo, NCCL, c10d, sockets).
 PEER_ERROR_MARKERS = (

@@ -27,14 +27,14 @@ import time
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
-from rankscope.stream_processors.rebuild import rebuild_shards
-from rankscope.stream_processors.stages import STEPS_KINDS, Sender, ShardStage
 
 from rankscope.clock import Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.kafka_client import client_conf
 from rankscope.metrics import process_metrics
+from rankscope.stream_processors.rebuild import rebuild_shards
+from rankscope.stream_processors.stages import STEPS_KINDS, Sender, ShardStage
 from rankscope.topics import Topic
 from rankscope.wire import WireError, decode
 

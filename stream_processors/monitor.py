@@ -30,15 +30,14 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankscope.alerts import Alert, StackGroup
+from rankscope.config import Settings
 from rankscope.stream_processors import failures
 from rankscope.stream_processors.job_view import MAX_GROUP_RANKS, JobView
 from rankscope.stream_processors.rank_state import CRASH_REASONS
 from rankscope.stream_processors.slow_rule import SlowRule, slow_ranks
 from rankscope.stream_processors.stacks import waiting_in_collective
 from rankscope.stream_processors.summary import Row, ShardSummary, hist_quantile
-
-from rankscope.alerts import Alert, StackGroup
-from rankscope.config import Settings
 
 __all__ = ["JobMonitor", "slow_ranks", "stale_after_s"]
 

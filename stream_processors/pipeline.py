@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rankscope.stream_processors.monitor import JobMonitor
-from rankscope.stream_processors.shard import ShardJob
-
 from rankscope.alerts import Alert
 from rankscope.config import Settings
+from rankscope.stream_processors.monitor import JobMonitor
+from rankscope.stream_processors.shard import ShardJob
 from rankscope.wire import Envelope
 
 

@@ -17,11 +17,11 @@ import uuid
 from collections.abc import Iterator
 
 from confluent_kafka import Consumer, TopicPartition
-from rankscope.stream_processors.shard import ShardJob
 
 from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.kafka_client import client_conf
+from rankscope.stream_processors.shard import ShardJob
 from rankscope.topics import Topic
 from rankscope.wire import WireError, decode
 

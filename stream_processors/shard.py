@@ -12,6 +12,7 @@ import heapq
 import statistics
 from typing import Any
 
+from rankscope.config import Settings
 from rankscope.stream_processors.arrivals import ShardArrivals
 from rankscope.stream_processors.rank_state import RankState, fold
 from rankscope.stream_processors.stacks import main_stack, signature, waiting_in_collective
@@ -23,8 +24,6 @@ from rankscope.stream_processors.summary import (
     StackInfo,
     hist_bin,
 )
-
-from rankscope.config import Settings
 from rankscope.wire import Envelope
 
 ALL_ROWS_UP_TO = 128       # a shard with this many ranks or fewer sends a row for every rank

@@ -32,13 +32,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rankscope.stream_processors.arrivals import ArrivalLedger, parse_arrivals
-from rankscope.stream_processors.job_view import JobView
-from rankscope.stream_processors.summary import ShardSummary, hist_quantile
-
 from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.last_arrivals import Step, enter_share, horizon_stats
+from rankscope.stream_processors.arrivals import ArrivalLedger, parse_arrivals
+from rankscope.stream_processors.job_view import JobView
+from rankscope.stream_processors.summary import ShardSummary, hist_quantile
 
 if TYPE_CHECKING:
     from rankscope.stream_processors.monitor import JobMonitor

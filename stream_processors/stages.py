@@ -15,12 +15,11 @@ import itertools
 import logging
 from collections.abc import Iterable
 
+from rankscope.alerts import Alert
+from rankscope.config import Settings
 from rankscope.stream_processors.monitor import JobMonitor
 from rankscope.stream_processors.shard import ShardJob
 from rankscope.stream_processors.summary import ShardSummary
-
-from rankscope.alerts import Alert
-from rankscope.config import Settings
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
 

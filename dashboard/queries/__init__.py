@@ -87,12 +87,11 @@ from rankscope.dashboard.queries.traces import (  # noqa: F401
     trace_windows,
     window_event_ranks,
 )
-from rankscope.storage.readonly import SqlResult, run_readonly  # noqa: F401
-from rankscope.storage.store import StoreError  # noqa: F401
-
 from rankscope.sql_guard import (  # noqa: F401
     READONLY_STATEMENTS,
     SqlRefused,
     check_readonly_sql,
     readonly_settings,
 )
+from rankscope.storage.readonly import SqlResult, run_readonly  # noqa: F401
+from rankscope.storage.store import StoreError  # noqa: F401

@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 
 import pandas as pd
-from rankscope.storage.readonly import SqlResult as SqlResult
-from rankscope.storage.readonly import run_readonly as run_readonly
-from rankscope.storage.store import StoreError as StoreError
 
 from rankscope.sql_guard import READONLY_STATEMENTS as READONLY_STATEMENTS
 from rankscope.sql_guard import SqlRefused as SqlRefused
 from rankscope.sql_guard import check_readonly_sql as check_readonly_sql
 from rankscope.sql_guard import readonly_settings as readonly_settings
+from rankscope.storage.readonly import SqlResult as SqlResult
+from rankscope.storage.readonly import run_readonly as run_readonly
+from rankscope.storage.store import StoreError as StoreError
 
 #: Rank states, most severe first. ``derive_rank_states`` picks the first that applies.
 RANK_STATES = ("exited", "dead", "hung", "slow", "running")

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import pandas as pd
-from rankscope.storage.readonly import SqlResult as SqlResult
-from rankscope.storage.readonly import _session
-from rankscope.storage.readonly import run_readonly as run_readonly
-from rankscope.storage.store import Store
-from rankscope.storage.store import StoreError as StoreError
 
 from rankscope.sql_guard import DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_S
 from rankscope.sql_guard import READONLY_STATEMENTS as READONLY_STATEMENTS
 from rankscope.sql_guard import SqlRefused as SqlRefused
 from rankscope.sql_guard import check_readonly_sql as check_readonly_sql
 from rankscope.sql_guard import readonly_settings as readonly_settings
+from rankscope.storage.readonly import SqlResult as SqlResult
+from rankscope.storage.readonly import _session
+from rankscope.storage.readonly import run_readonly as run_readonly
+from rankscope.storage.store import Store
+from rankscope.storage.store import StoreError as StoreError
 
 # SQL console ------------------------------------------------------------------------------------------
 

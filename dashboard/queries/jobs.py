@@ -6,19 +6,19 @@ import json
 from typing import Any
 
 import pandas as pd
+
 from rankscope.dashboard.queries.alerts import alerts, lost_time
 from rankscope.dashboard.queries.common import STATS_STATE_MAP, as_datetime, check_positive, now_or_wall_ns
-from rankscope.storage.readonly import SqlResult as SqlResult
-from rankscope.storage.readonly import run_readonly as run_readonly
-from rankscope.storage.store import Store
-from rankscope.storage.store import StoreError as StoreError
-
 from rankscope.last_arrivals import slow_watch as last_arrivals_slow_watch
 from rankscope.last_arrivals import steps_from_records
 from rankscope.sql_guard import READONLY_STATEMENTS as READONLY_STATEMENTS
 from rankscope.sql_guard import SqlRefused as SqlRefused
 from rankscope.sql_guard import check_readonly_sql as check_readonly_sql
 from rankscope.sql_guard import readonly_settings as readonly_settings
+from rankscope.storage.readonly import SqlResult as SqlResult
+from rankscope.storage.readonly import run_readonly as run_readonly
+from rankscope.storage.store import Store
+from rankscope.storage.store import StoreError as StoreError
 
 # Jobs -------------------------------------------------------------------------------------------
 

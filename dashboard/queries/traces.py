@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-from rankscope.dashboard.queries.common import as_datetime, check_positive
-from rankscope.storage.readonly import SqlResult as SqlResult
-from rankscope.storage.readonly import run_readonly as run_readonly
-from rankscope.storage.store import Store
-from rankscope.storage.store import StoreError as StoreError
 
+from rankscope.dashboard.queries.common import as_datetime, check_positive
 from rankscope.sql_guard import READONLY_STATEMENTS as READONLY_STATEMENTS
 from rankscope.sql_guard import SqlRefused as SqlRefused
 from rankscope.sql_guard import check_readonly_sql as check_readonly_sql
 from rankscope.sql_guard import readonly_settings as readonly_settings
+from rankscope.storage.readonly import SqlResult as SqlResult
+from rankscope.storage.readonly import run_readonly as run_readonly
+from rankscope.storage.store import Store
+from rankscope.storage.store import StoreError as StoreError
 
 # Trace windows --------------------------------------------------------------------------------------
 

@@ -3,9 +3,9 @@
 from functools import partial
 
 import streamlit as st
-from rankscope.dashboard import queries, ui
 
 from rankscope.config import Settings
+from rankscope.dashboard import queries, ui
 
 KINDS = {"hang": "Hang", "dead_rank": "Dead rank", "slow_rank": "Slow rank",
          "abnormal_worker": "Abnormal worker (report)", "rank_failed": "Rank failed (crash)"}

@@ -4,9 +4,9 @@ from functools import partial
 
 import altair as alt
 import streamlit as st
-from rankscope.dashboard import queries, ui
 
 from rankscope.config import Settings
+from rankscope.dashboard import queries, ui
 
 
 def panel(cfg: Settings, span: ui.TimeRange) -> None:

@@ -5,10 +5,10 @@ from functools import partial
 import altair as alt
 import pandas as pd
 import streamlit as st
-from rankscope.dashboard import ui
-from rankscope.storage.store import StoreError
 
 from rankscope.config import Settings
+from rankscope.dashboard import ui
+from rankscope.storage.store import StoreError
 
 GIB = 1024**3
 # (title, metrics, unit, scale) per chart; kbps are KB/s (1000 B/s), shown as MB/s.

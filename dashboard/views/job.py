@@ -8,9 +8,9 @@ from functools import partial
 import altair as alt
 import pandas as pd
 import streamlit as st
-from rankscope.dashboard import queries, ui
 
 from rankscope.config import Settings
+from rankscope.dashboard import queries, ui
 
 TABLE_MAX_RANKS = queries.HEATMAP_MIN_RANKS
 

@@ -8,10 +8,10 @@ import json
 import altair as alt
 import pandas as pd
 import streamlit as st
-from rankscope.dashboard import queries, ui
-from rankscope.storage.store import StoreError
 
 from rankscope import report_view
+from rankscope.dashboard import queries, ui
+from rankscope.storage.store import StoreError
 
 ALL_JOBS = "all jobs"
 EMPTY = ("**No reports yet.** A report is written when a trace window is analysed: open one on a running "

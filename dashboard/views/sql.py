@@ -1,6 +1,7 @@
 """SQL console: one read-only statement at a time, result as a table with a CSV download."""
 
 import streamlit as st
+
 from rankscope.dashboard import queries, ui
 from rankscope.storage.store import StoreError
 

@@ -6,10 +6,10 @@ from functools import partial
 import altair as alt
 import pandas as pd
 import streamlit as st
-from rankscope.dashboard import control, export, flame, queries, ui
-from rankscope.storage.store import StoreError
 
 from rankscope.config import Settings
+from rankscope.dashboard import control, export, flame, queries, ui
+from rankscope.storage.store import StoreError
 
 ACK_BADGE = {"accepted": ":green-badge[accepted]", "queued": ":blue-badge[queued]", "done": ":green-badge[done]",
              "stopped": ":gray-badge[stopped]", "rejected": ":red-badge[rejected]"}

@@ -68,10 +68,9 @@ def attach_if_rank(env: MutableMapping[str, str] | None = None, **tracer_kw: Any
     if not should_attach(env, os.getpid()):
         return None
     try:
+        from rankscope.config import Settings
         from rankscope.producers.step_hooks import OptimizerSteps, StepMarker
         from rankscope.producers.tracer import Tracer
-
-        from rankscope.config import Settings
 
         settings = Settings.from_env(env)
         tracer = Tracer(settings, **tracer_kw)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from rankscope.stream_processors.analysis.conventions import (
     ANALYZED_TYPES,
     COMMUNICATION,

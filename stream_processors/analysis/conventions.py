@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from rankscope.stream_processors.analysis.kineto import GPU_WORK_CATEGORIES
 
 __all__ = [

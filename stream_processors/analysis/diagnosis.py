@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
+
 from rankscope.stream_processors.analysis.kineto import Trace
 from rankscope.stream_processors.analysis.replay import epoch_base_ns, event_dicts
 from rankscope.stream_processors.analysis.report import build_report
 from rankscope.stream_processors.analysis.summaries import summary_frames
-
 from rankscope.wire import Envelope, decode, encode
 
 __all__ = ["OFFLINE_WINDOW", "diagnose_summaries", "rank_summary", "report_from_frames"]

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from rankscope.stream_processors.analysis.replay import RUNTIME_TYPES
 
 __all__ = ["folded_stacks", "kineto_trace", "merged_chrome_trace", "speedscope"]

@@ -48,6 +48,7 @@ from typing import Any
 
 import msgspec
 import pandas as pd
+
 from rankscope.stream_processors.analysis.kineto_table import CATEGORIES, GPU_WORK_CATEGORIES, events_frame
 
 __all__ = [

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from rankscope import report_view
 from rankscope.stream_processors.analysis import breakdown as bd
 from rankscope.stream_processors.analysis.diagnosis import diagnose_summaries, rank_summary
 from rankscope.stream_processors.analysis.kineto import Trace, concat_events, expand_paths, load_trace
-
-from rankscope import report_view
 
 __all__ = ["REPORT_SCHEMA", "analyze_paths", "analyze_traces", "render_markdown"]
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from rankscope.stream_processors.analysis.outliers import flag_slow, peer_z
 
 GPU_CATS = ("kernel",)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import sample_data as sd
 import streamlit as st
+
 from rankscope.dashboard import ui
 from rankscope.storage.store import Store, apply_schema, close_store, open_store
 

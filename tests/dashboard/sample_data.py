@@ -25,9 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.storage.store import Store
-
 from rankscope.alerts import Alert, StackGroup
+from rankscope.storage.store import Store
 
 S = 1_000_000_000
 MS = 1_000_000

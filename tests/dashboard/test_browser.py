@@ -9,43 +9,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import sample_data as sd
 from browser import launch_browser, screenshot, wait_for_charts, wait_for_text
+from served import ROOT, free_port, served, streamlit_cmd
 
 pytestmark = pytest.mark.browser
-
-ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"streamlit exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"streamlit not healthy after {START_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}")
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
@@ -54,30 +28,14 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, str(Path(sd.__file__)), dsn], env=env, cwd=ROOT, check=True,
                    timeout=120, capture_output=True)
-    port = _free_port()
-    log = tmp / "streamlit.log"
+    port = free_port()
     env.update({"RANKSCOPE_CLICKHOUSE_DSN": dsn, "RANKSCOPE_DATA_DIR": str(tmp),
                 # The sample ranks stop heartbeating once written; keep them alive for the test.
                 "RANKSCOPE_DEAD_AFTER_S": "3600"})
-    cmd = [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.port", str(port),
-           "--server.address", "127.0.0.1", "--server.headless", "true",
-           "--browser.gatherUsageStats", "false"]
     t0 = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log)
+    with served(streamlit_cmd(port), port, env, tmp / "streamlit.log") as url:
         print(f"streamlit healthy after {time.monotonic() - t0:.1f} s")
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
 def test_fleet_to_job_to_alerts(server):

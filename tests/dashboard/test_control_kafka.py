@@ -7,8 +7,8 @@ import time
 
 import pytest
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
-from rankscope.dashboard import control
 
+from rankscope.dashboard import control
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, decode, encode
 

@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import sample_data as sd
 from browser import launch_browser, wait_for_text
+from served import ROOT, free_port, served, streamlit_cmd
 
 pytestmark = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 60.0
 NAV_TITLES = ["Fleet overview", "Job", "Alerts", "Host", "Trace windows", "Reports", "SQL console"]
 #: url -> (page title, a text only that page's content shows)
 DEEP_LINKS = {
@@ -35,12 +31,6 @@ DEEP_LINKS = {
     "/sql": ("SQL console", "Read-only: one"),
     "/host": ("Host", "GPUs now"),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -55,37 +45,12 @@ def filled_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture
 def fresh_server(filled_dsn: str, tmp_path: Path):
     """A Streamlit server that has answered no page yet (only its health endpoint)."""
-    port = _free_port()
-    log = tmp_path / "streamlit.log"
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "RANKSCOPE_CLICKHOUSE_DSN": filled_dsn, "RANKSCOPE_DATA_DIR": str(tmp_path),
            "RANKSCOPE_DEAD_AFTER_S": "3600"}
-    cmd = [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.port", str(port),
-           "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, f"streamlit exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"streamlit not healthy:\n{log.read_text()[-3000:]}"
-            time.sleep(0.2)
+    with served(streamlit_cmd(port), port, env, tmp_path / "streamlit.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
 def sidebar_links(page) -> list[str]:

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import sample_data as sd
 from pagetest import open_page, page_text
+
 from rankscope.dashboard import queries as q
 from rankscope.dashboard import ui
 from rankscope.storage.store import Store, StoreLocked

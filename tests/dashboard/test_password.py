@@ -6,30 +6,20 @@ The server binds 0.0.0.0 (a non-loopback bind) and the browser connects through 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from browser import launch_browser, screenshot, wait_for_text
+from served import ROOT, free_port, served
+
+from rankscope.config import ConfigError, Settings
 from rankscope.dashboard.login import password_ok
 from rankscope.storage.serve import check_bind, streamlit_options
 
-from rankscope.config import ConfigError, Settings
-
-ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "correct horse battery staple"
-START_TIMEOUT_S = 90.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -66,7 +56,7 @@ def test_password_comparison() -> None:
 def test_non_loopback_bind_without_password_refuses_to_start(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "rankscope", "serve", "--no-sink"], cwd=tmp_path,
                          env=_env(tmp_path, RANKSCOPE_DASHBOARD_HOST="0.0.0.0",
-                                  RANKSCOPE_DASHBOARD_PORT=str(_free_port())),
+                                  RANKSCOPE_DASHBOARD_PORT=str(free_port())),
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "RANKSCOPE_DASHBOARD_PASSWORD" in res.stderr and "0.0.0.0" in res.stderr, res.stderr
@@ -76,36 +66,14 @@ def test_non_loopback_bind_without_password_refuses_to_start(tmp_path: Path) -> 
 @pytest.fixture(scope="module")
 def protected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("password")
-    port = _free_port()
+    port = free_port()
     log = tmp / "serve.log"
     env = _env(tmp, RANKSCOPE_DASHBOARD_HOST="0.0.0.0", RANKSCOPE_DASHBOARD_PORT=str(port),
                RANKSCOPE_DASHBOARD_PASSWORD=PASSWORD)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "rankscope", "serve", "--no-sink"], cwd=tmp, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, f"serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"serve not healthy:\n{log.read_text()[-3000:]}"
-            time.sleep(0.2)
+    with served([sys.executable, "-m", "rankscope", "serve", "--no-sink"], port, env, log, cwd=tmp,
+                stop_timeout_s=30) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
     text = log.read_text()
-    assert "Traceback" not in text, text[-3000:]
     assert PASSWORD not in text  # the password never reaches the log
     assert "0.0.0.0" in text and "password required" in text, text[-3000:]
 

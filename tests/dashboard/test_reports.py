@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import sample_data as sd
 from pagetest import open_page, page_text
+
 from rankscope.dashboard import queries as q
 
 
@@ -154,7 +155,7 @@ def test_reports_page_in_a_browser_on_a_replayed_window(kafka_settings, tmp_path
     import uuid
 
     from browser import launch_browser, screenshot, wait_for_charts, wait_for_text
-    from test_browser import ROOT, _free_port, _wait_healthy
+    from served import ROOT, free_port, served, streamlit_cmd
 
     from tests.integration.replayed import processors, replayed_report
     from tests.stream_processors.analysis.trace_sets import slow_rank_set
@@ -169,37 +170,20 @@ def test_reports_page_in_a_browser_on_a_replayed_window(kafka_settings, tmp_path
     env.update({"PYTHONPATH": str(ROOT), "RANKSCOPE_CLICKHOUSE_DSN": dsn, "RANKSCOPE_DATA_DIR": str(tmp_path)})
     subprocess.run([sys.executable, "-c", STORE_REPORT, dsn, str(tmp_path / "report.json")], env=env, cwd=ROOT,
                    check=True, timeout=120, capture_output=True)
-    port = _free_port()
-    log = tmp_path / "streamlit.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.port",
-                                 str(port), "--server.address", "127.0.0.1", "--server.headless", "true",
-                                 "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log)
-        with launch_browser() as page:
-            page.goto(f"{url}/reports?job={job}")
-            wait_for_text(page, "Verdict", 90)
-            top = rep["causes"][0]
-            wait_for_text(page, "Slow worker: rank 3")
-            wait_for_text(page, f"{top['cost_rank_seconds']:.3f} rank-seconds")
-            wait_for_text(page, "straggler at collectives: rank 3")
-            wait_for_text(page, "Straggler at collectives: rank 3 arrives last")
-            wait_for_text(page, "Collective arrivals")
-            wait_for_text(page, "Bottleneck ratio per category")
-            charts = page.locator('[data-testid="stVegaLiteChart"]')
-            deadline = time.monotonic() + 60
-            while charts.count() < 3 and time.monotonic() < deadline:    # they appear after the text
-                page.wait_for_timeout(200)
-            assert wait_for_charts(page, 60) == 3       # busy time, lateness, bottleneck ratio
-            screenshot(page, "dashboard_reports_diagnosis")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    port = free_port()
+    with served(streamlit_cmd(port), port, env, tmp_path / "streamlit.log") as url, launch_browser() as page:
+        page.goto(f"{url}/reports?job={job}")
+        wait_for_text(page, "Verdict", 90)
+        top = rep["causes"][0]
+        wait_for_text(page, "Slow worker: rank 3")
+        wait_for_text(page, f"{top['cost_rank_seconds']:.3f} rank-seconds")
+        wait_for_text(page, "straggler at collectives: rank 3")
+        wait_for_text(page, "Straggler at collectives: rank 3 arrives last")
+        wait_for_text(page, "Collective arrivals")
+        wait_for_text(page, "Bottleneck ratio per category")
+        charts = page.locator('[data-testid="stVegaLiteChart"]')
+        deadline = time.monotonic() + 60
+        while charts.count() < 3 and time.monotonic() < deadline:    # they appear after the text
+            page.wait_for_timeout(200)
+        assert wait_for_charts(page, 60) == 3       # busy time, lateness, bottleneck ratio
+        screenshot(page, "dashboard_reports_diagnosis")

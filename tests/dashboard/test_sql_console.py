@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import sample_data as sd
 from pagetest import open_page, page_text
+
 from rankscope.dashboard import queries as q
 from rankscope.storage.store import StoreError
 

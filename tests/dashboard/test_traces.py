@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 import sample_data as sd
 from pagetest import open_page, page_text
+
 from rankscope.dashboard import control, export, flame
 from rankscope.dashboard import queries as q
 from rankscope.producers.control import parse_trace_request
-
 from rankscope.trace_request import encode_request
 from rankscope.wire import decode
 

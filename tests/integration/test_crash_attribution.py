@@ -11,9 +11,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from rankscope.storage.store import Store
 
 from rankscope.config import Settings
+from rankscope.storage.store import Store
 from tests.integration.helpers import AlertReader, start_job, stop_process, tail, wait_until
 from tests.integration.test_end_to_end import pipeline  # noqa: F401  (the module's stack)
 

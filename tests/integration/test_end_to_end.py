@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rankscope.storage.sink import Sink
-from rankscope.storage.store import Store, close_store, open_store
 
 from rankscope.admin import ensure_topics
 from rankscope.config import Settings
 from rankscope.own_frames import is_own_frame
+from rankscope.storage.sink import Sink
+from rankscope.storage.store import Store, close_store, open_store
 from rankscope.topics import Topic
 from rankscope.wire import decode
 from tests.integration.helpers import (

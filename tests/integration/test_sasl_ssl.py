@@ -21,16 +21,16 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
-from rankscope.dashboard import control
-from rankscope.producers.tracer import Tracer
-from rankscope.storage.sink import Sink
-from rankscope.storage.store import close_store, open_store
 
 from rankscope.admin import ensure_topics
 from rankscope.alerts import Alert
 from rankscope.broker import LocalBroker
 from rankscope.config import Settings
+from rankscope.dashboard import control
 from rankscope.kafka_client import client_conf
+from rankscope.producers.tracer import Tracer
+from rankscope.storage.sink import Sink
+from rankscope.storage.store import close_store, open_store
 from rankscope.topics import Topic
 from tests.integration.helpers import REPO, child_env, free_port, stop_process, tail, wait_until
 from tests.integration.tls_broker import USER, LocalCa, client_settings, make_test_ca, sasl_ssl_broker

@@ -18,9 +18,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from rankscope.storage.query_endpoint import endpoint_path
 
 from rankscope.config import Settings
+from rankscope.storage.query_endpoint import endpoint_path
 from tests.integration.helpers import REPO, child_env, free_port, tail, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse]

@@ -21,9 +21,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from rankscope.storage.store import close_store, open_store
 
 from rankscope.config import Settings
+from rankscope.storage.store import close_store, open_store
 from tests.integration.helpers import REPO, free_port, stop_process, tail, wait_until
 from tests.rankscope.test_compose import read_env_file
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import msgpack
 import pytest
 from confluent_kafka import Producer
-from rankscope.storage.sink import Sink
-from rankscope.storage.store import Store, close_store, open_store
 
 from rankscope.admin import ensure_topics
 from rankscope.config import Settings
+from rankscope.storage.sink import Sink
+from rankscope.storage.store import Store, close_store, open_store
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
 from tests.integration.helpers import (

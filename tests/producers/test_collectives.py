@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
+
 from rankscope.producers.collectives import CommTimer, install, register_ddp_hook, uninstall
 
 
@@ -67,9 +68,8 @@ def test_all_reduce_time_is_counted(gloo_group: None) -> None:
 
 
 def test_tracer_removes_its_ddp_hook_at_close(gloo_group: None) -> None:
-    from rankscope.producers.tracer import Tracer
-
     from rankscope.config import Settings
+    from rankscope.producers.tracer import Tracer
 
     class Sink:
         dropped = 0

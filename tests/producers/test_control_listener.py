@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from rankscope.producers.control import ControlListener
-
 from rankscope.wire import Envelope, encode
 
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+
+from rankscope.config import Settings
 from rankscope.producers.collectives import CommTimer
 from rankscope.producers.ddp import DdpWatcher
 from rankscope.producers.tracer import Tracer
-
-from rankscope.config import Settings
 from rankscope.wire import decode
 
 

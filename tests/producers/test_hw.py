@@ -12,14 +12,14 @@ from typing import Any
 
 import pynvml as real_nvml
 import pytest
+
+from rankscope.config import ConfigError, Settings
 from rankscope.producers.hw import NO_NVML_MESSAGE, HardwareSampler
 from rankscope.producers.hw_gpu import pick_gpu
 from rankscope.producers.identity import RankIdentity
 from rankscope.producers.tracer import Tracer
 from rankscope.storage.columns import TABLE_COLUMNS, Columns
 from rankscope.storage.rows import hw_columns
-
-from rankscope.config import ConfigError, Settings
 from rankscope.wire import Envelope, decode, encode
 
 GIB = 2**30

@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from rankscope.producers.native_extract import WindowReader, extract_columns, load_native
-from rankscope.producers.trace_events import to_columnar
-from rankscope.producers.trace_extract import RawEvents, extract_raw
-from rankscope.producers.trace_window import convert_window
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from rankscope.call_paths import expand_call_paths
 from rankscope.cli import main as cli_main
 from rankscope.config import Settings
+from rankscope.producers.native_extract import WindowReader, extract_columns, load_native
+from rankscope.producers.trace_events import to_columnar
+from rankscope.producers.trace_extract import RawEvents, extract_raw
+from rankscope.producers.trace_window import convert_window
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from rankscope.config import Settings
 from rankscope.producers.native_extract import load_native
 from rankscope.producers.trace_events import (
     ANNOTATION,
@@ -23,8 +25,6 @@ from rankscope.producers.trace_events import (
     group_stats,
     summarize,
 )
-
-from rankscope.config import Settings
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import threading
 
 import pandas as pd
+
 from rankscope.dashboard import flame
+from rankscope.own_frames import is_own_frame
 from rankscope.producers import collectives
 from rankscope.producers.stacks import all_thread_stacks, is_own
 from rankscope.stream_processors.stacks import main_stack, user_frames, waiting_in_collective
-
-from rankscope.own_frames import is_own_frame
 
 
 def user_code_waits_in_a_collective(release: threading.Event, entered: threading.Event) -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from rankscope.config import ConfigError, Settings
 from rankscope.producers.attach import ATTACHED_PID, attach_env, boot_dir, should_attach
 from rankscope.producers.step_hooks import OptimizerSteps, StepMarker
 from rankscope.producers.tracer import Tracer
-
-from rankscope.config import ConfigError, Settings
 from rankscope.wire import decode
 
 

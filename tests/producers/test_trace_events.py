@@ -12,6 +12,8 @@ import msgpack
 import numpy as np
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
 from rankscope.producers.trace_events import (
     ANNOTATION,
     CATEGORIES,
@@ -27,8 +29,6 @@ from rankscope.producers.trace_events import (
     summary_body,
     to_columnar,
 )
-from torch.profiler import ProfilerActivity, profile, schedule
-
 from rankscope.wire import Envelope, decode, encode
 
 FIRST_STEP = 100

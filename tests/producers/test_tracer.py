@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from rankscope.producers.tracer import Tracer
-
 from rankscope.clock import ManualClock
 from rankscope.config import Settings
+from rankscope.producers.tracer import Tracer
 from rankscope.wire import decode
 
 

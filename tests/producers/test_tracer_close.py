@@ -12,9 +12,8 @@ import threading
 import time
 import weakref
 
-from rankscope.producers.tracer import Tracer
-
 from rankscope.config import Settings
+from rankscope.producers.tracer import Tracer
 
 
 def _tids() -> set[int]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from rankscope.producers.control import START_STEP_MAX_WAIT_NS, ControlError, parse_trace_request
 from rankscope.producers.trace_window import WindowController
-
 from rankscope.trace_start import plan_start_step, steps_per_period
 
 

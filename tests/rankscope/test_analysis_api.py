@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from rankscope.stream_processors.analysis.offline import analyze_paths
 
 from rankscope.analysis import TraceAnalysis
+from rankscope.stream_processors.analysis.offline import analyze_paths
 from tests.stream_processors.analysis.trace_sets import DATA, slow_rank_set
 
 

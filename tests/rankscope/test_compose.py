@@ -15,10 +15,10 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from rankscope.storage.serve import check_bind
 
 from rankscope.cli import build_parser
 from rankscope.config import Settings
+from rankscope.storage.serve import check_bind
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"

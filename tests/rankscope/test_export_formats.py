@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rankscope.stream_processors.analysis.kineto import load_traces
 
 from rankscope.cli import main
+from rankscope.stream_processors.analysis.kineto import load_traces
 from tests.stream_processors.analysis.trace_sets import DATA
 
 T0 = (time.time_ns() // 10**9 - 3600) * 10**9

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
-from rankscope.stream_processors.analysis.report import build_report
 
 from rankscope import report_view as rv
+from rankscope.stream_processors.analysis.report import build_report
 
 
 def report(slow: int | None = 2) -> dict:

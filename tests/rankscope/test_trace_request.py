@@ -11,10 +11,10 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer
-from rankscope.dashboard import control
 
 from rankscope.commands.trace import request_from_args
 from rankscope.config import Settings
+from rankscope.dashboard import control
 from rankscope.topics import Topic
 from rankscope.trace_request import Plan, TraceRequest, control_body, encode_request, plan
 from rankscope.trace_start import START_LEAD_NS

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+
 from rankscope.storage.columns import InvalidMessage
 from rankscope.storage.convert import Batch, RowBuilder
-
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
 

@@ -16,10 +16,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from rankscope.storage.serve import export_settings, streamlit_options
-from rankscope.storage.store import close_store, open_store
 
 from rankscope.config import ConfigError, Settings
+from rankscope.storage.serve import export_settings, streamlit_options
+from rankscope.storage.store import close_store, open_store
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
 

@@ -14,14 +14,14 @@ from typing import Any
 
 import msgpack
 import pytest
-from rankscope.storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
-from rankscope.storage.rows import hw_columns, merge_rank, steps_columns, summary_columns, trace_columns
-from rankscope.storage.sink import RetryPolicy, Sink
-from rankscope.storage.store import Store, StoreError, close_store, open_store
 
 from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter
+from rankscope.storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
+from rankscope.storage.rows import hw_columns, merge_rank, steps_columns, summary_columns, trace_columns
+from rankscope.storage.sink import RetryPolicy, Sink
+from rankscope.storage.store import Store, StoreError, close_store, open_store
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, decode, encode
 
@@ -171,7 +171,6 @@ def _trace_window(compact_paths: bool = True) -> tuple[list[bytes], bytes]:
 
 def test_trace_and_summary_rows() -> None:
     from rankscope.producers.trace_events import decode_chunk
-
     from rankscope.wire import decode
 
     traces, summary = _trace_window()
@@ -238,7 +237,6 @@ def test_list_form_trace_chunks_give_the_same_rows() -> None:
     """Chunks with int-list columns and a full attrs list (what ranks sent before packed columns)
     are still stored, row for row as the packed form; a packed chunk whose count disagrees is refused."""
     from rankscope.producers.trace_events import WIRE_INT_COLUMNS, decode_chunk
-
     from rankscope.wire import decode
 
     traces, _ = _trace_window()

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from rankscope.storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
 from rankscope.storage.rows import hw_columns, hw_columns_checked, stats_rows, stats_tuples
-
 from rankscope.wire import Envelope
 
 

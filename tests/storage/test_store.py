@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from rankscope.storage.store import (
     Store,
     StoreError,

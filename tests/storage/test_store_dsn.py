@@ -11,10 +11,10 @@ from typing import Any
 
 import clickhouse_connect
 import pytest
-from rankscope.storage import store as store_mod
-from rankscope.storage.store import Store, StoreError, open_store, server_params
 
 from rankscope.config import ConfigError, Settings, redact_dsn, server_dsn
+from rankscope.storage import store as store_mod
+from rankscope.storage.store import Store, StoreError, open_store, server_params
 
 SECRET = "Pa55:w@rd/%x"   # characters that need quoting in a URL
 

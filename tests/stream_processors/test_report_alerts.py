@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from rankscope.stream_processors.report_alerts import ReportAlerts
-
 from rankscope.alerts import Alert
+from rankscope.stream_processors.report_alerts import ReportAlerts
 
 
 def report(window: str, slow_ranks: list[int]) -> dict:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from rankscope.stream_processors.shard import ShardJob, busy_z_scores
-
 from rankscope.config import Settings
+from rankscope.stream_processors.shard import ShardJob, busy_z_scores
 from rankscope.wire import Envelope
 
 S = Settings(straggler_window=20, straggler_min_steps=8)

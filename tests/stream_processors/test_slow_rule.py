@@ -8,14 +8,14 @@ from collections.abc import Callable
 
 import msgpack
 import pytest
+
+from rankscope.alerts import Alert
+from rankscope.config import ConfigError, Settings
 from rankscope.stream_processors.arrivals import ARRIVAL_STEPS, ArrivalLedger
 from rankscope.stream_processors.monitor import JobMonitor, slow_ranks
 from rankscope.stream_processors.pipeline import TwoStage
 from rankscope.stream_processors.shard import ShardJob
 from rankscope.stream_processors.summary import MAX_SUMMARY_BYTES, ShardSummary
-
-from rankscope.alerts import Alert
-from rankscope.config import ConfigError, Settings
 from rankscope.wire import Envelope, WireError
 
 S = Settings()

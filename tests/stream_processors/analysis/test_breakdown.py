@@ -9,11 +9,11 @@ from typing import Any
 
 import pandas as pd
 import pytest
+
+from rankscope.cli import main
 from rankscope.stream_processors.analysis import breakdown as bd
 from rankscope.stream_processors.analysis.kineto import concat_events, load_trace, load_traces
 from rankscope.stream_processors.analysis.offline import analyze_paths, render_markdown
-
-from rankscope.cli import main
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 SETS = ["hta_sampled2", "resnet_mi300_pyfn", "hta_nccl_meta_a100"]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from benchmarks.offline_vs_hta import hta_python
 from rankscope.stream_processors.analysis.exporters import (
     folded_stacks,
     kineto_trace,
@@ -18,8 +20,6 @@ from rankscope.stream_processors.analysis.exporters import (
 )
 from rankscope.stream_processors.analysis.kineto import load_trace
 from rankscope.stream_processors.analysis.offline import analyze_paths
-
-from benchmarks.offline_vs_hta import hta_python
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 SETS = ("hta_sampled2", "resnet_mi300_pyfn", "hta_nccl_meta_a100")

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+
 from rankscope.stream_processors.analysis.kineto import (
     CATEGORIES,
     TraceFormatError,

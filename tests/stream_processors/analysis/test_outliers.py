@@ -6,6 +6,7 @@ import random
 import statistics
 
 import pytest
+
 from rankscope.stream_processors.analysis.outliers import flag_slow, peer_z
 
 

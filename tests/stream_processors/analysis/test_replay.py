@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from rankscope.producers.trace_events import CATEGORIES, chunk, summarize, summary_body, to_columnar
 from rankscope.producers.trace_window import collective_arrivals
 from rankscope.stream_processors.analysis.kineto import load_trace, load_traces
@@ -19,7 +20,6 @@ from rankscope.stream_processors.analysis.replay import (
     skipped_count,
     time_offsets_ns,
 )
-
 from rankscope.wire import Envelope, decode, encode
 
 DATA = Path(__file__).resolve().parents[2] / "data"

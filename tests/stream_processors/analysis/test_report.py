@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from rankscope.stream_processors.analysis.outliers import peer_z
-from rankscope.stream_processors.analysis.report import build_report, straggler_from_arrivals
 
 from rankscope.report_view import render_markdown
+from rankscope.stream_processors.analysis.outliers import peer_z
+from rankscope.stream_processors.analysis.report import build_report, straggler_from_arrivals
 
 W = 100_000_000  # 100 ms window
 
