@@ -13,6 +13,9 @@ producer (linger ``--linger-ms``, lz4 or zstd), send what a job of that size sen
 - optionally (``--summary-ranks K``) one trace-window ``summary`` from ranks 0..K-1 on the summaries
   topic (keyed by job), and (``--exit``) an ``exit`` record per live rank at the end.
 
+SIGTERM ends the run early as if ``--duration`` had passed: the exit records are sent and the
+summary printed, so a test can end a job once it has seen what it waits for.
+
 Training model (synchronous): every rank steps together; a step lasts the longest busy time over
 the ranks plus a fixed all-reduce cost; each rank's ``comm_ns`` is the step minus its own busy time
 (the slowest rank waits least). Busy time: ``--busy-frac`` of the nominal step (1/``--steps-per-s``)
@@ -46,6 +49,7 @@ import multiprocessing as mp
 import os
 import queue
 import random
+import signal
 import sys
 import time
 from collections import Counter
@@ -209,7 +213,7 @@ def _summary_body(cfg: LoadConfig, plan: Plan, t0_ns: int, step: int) -> dict[st
 
 
 def _worker(cfg: LoadConfig, settings_env: dict[str, str], lo: int, hi: int, index: int,
-            ready: Any, start: Any, results: Any) -> None:
+            ready: Any, start: Any, results: Any, stop: Any) -> None:
     from confluent_kafka import Producer
 
     settings = Settings.from_env(settings_env)
@@ -309,7 +313,7 @@ def _worker(cfg: LoadConfig, settings_env: dict[str, str], lo: int, hi: int, ind
     while n:
         now_ns = time.time_ns()
         rel_s = (now_ns - t0_ns) / 1e9
-        if rel_s >= end_rel_s:
+        if rel_s >= end_rel_s or stop.is_set():
             break
         worst = 0.0
         while True:
@@ -371,8 +375,10 @@ def run(cfg: LoadConfig, settings: Settings | None = None, start_lead_s: float =
     procs_n = min(cfg.procs, cfg.ranks)
     bounds = [cfg.ranks * i // procs_n for i in range(procs_n + 1)]
     starts = [ctx.Queue() for _ in range(procs_n)]
+    stop = ctx.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     env = settings.to_env()
-    procs = [ctx.Process(target=_worker, args=(cfg, env, bounds[i], bounds[i + 1], i, ready, starts[i], results),
+    procs = [ctx.Process(target=_worker, args=(cfg, env, bounds[i], bounds[i + 1], i, ready, starts[i], results, stop),
                          name=f"loadgen-{i}", daemon=True) for i in range(procs_n)]
     for p in procs:
         p.start()
@@ -400,6 +406,7 @@ def run(cfg: LoadConfig, settings: Settings | None = None, start_lead_s: float =
         for p in procs:
             p.join(30)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for p in procs:
             if p.is_alive():
                 p.terminate()

@@ -6,6 +6,7 @@ nothing waits a fixed time.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -52,6 +53,14 @@ def start_load(settings: Settings, log: Path, job: str, ranks: int, duration_s: 
            "--procs", str(procs), "--job", job, "--no-hw", *args]
     return subprocess.Popen(cmd, env=child_env(settings), cwd=REPO, stdout=open(log, "wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def end_load(load: subprocess.Popen[bytes], log: Path) -> None:
+    """End a load before its ``--duration`` (SIGTERM to loadgen): its ranks send their exit records."""
+    load.send_signal(signal.SIGTERM)
+    assert load.wait(120) == 0, tail(log)
+    summary = json.loads([line for line in log.read_text().splitlines() if line.startswith("{")][-1])
+    assert summary["wall_s"] < summary["config"]["duration_s"], summary["wall_s"]   # it ended early
 
 
 def kill9(proc: subprocess.Popen[bytes]) -> None:
@@ -103,8 +112,8 @@ def test_kill9_and_sigterm_restarts_miss_no_incident_and_duplicate_none(settings
         assert c_open.ranks == [9], c_open.summary
         hang_c_due = t_c + 110 + settings.hang_min_s
         assert got_c - max(restarted, hang_c_due) <= 30, (got_c - restarted, got_c - hang_c_due)
-        for load in loads:
-            assert load.wait(300) == 0, diag()
+        for load, name in zip(loads, "abc", strict=True):
+            end_load(load, work / f"{name}.log")
         wait_until(lambda: (alerts.poll(1.0), all(
             any(a.job == j and a.kind == "hang" and a.status == "resolved" for a in alerts.alerts()) for j in jobs))[1],
             120, "every hang to resolve when the ranks exit")
@@ -157,7 +166,7 @@ def test_a_survivor_takes_over_the_partitions_of_a_killed_worker(settings: Setti
         hang = alerts.wait_for(lambda a: a.job == job and a.kind == "hang" and a.status == "open", 150,
                                "the job's hang after a worker died", diag)
         assert hang.ranks == [17], hang.summary
-        assert load.wait(300) == 0, diag()
+        end_load(load, work / "job.log")
         alerts.poll(3.0)
         got = [a for a in alerts.alerts() if a.job == job]
         assert len(opened(got, job, "hang")) == 1, [a.summary for a in got]
@@ -247,8 +256,8 @@ def test_a_worker_added_mid_job_loses_no_incident(settings: Settings, work: Path
         for job in jobs:
             alerts.wait_for(lambda a, job=job: a.job == job and a.kind == "hang" and a.status == "open", 150,
                             f"{job}'s hang after a worker joined", diag)
-        for load in loads:
-            assert load.wait(300) == 0, diag()
+        for load, job in zip(loads, jobs, strict=True):
+            end_load(load, work / f"{job}.log")
         alerts.poll(3.0)
         for job in jobs:
             got = [a for a in alerts.alerts() if a.job == job]
