@@ -12,7 +12,8 @@ from rankscope.producers.categories import (
     ANNOTATION,
     CATEGORIES,
 )
-from rankscope.producers.trace_columnar import EVENT_COLUMNS, TIER_OF_CATEGORY, WIRE_INT_COLUMNS
+from rankscope.producers.trace_columnar import EVENT_COLUMNS, TIER_OF_CATEGORY
+from rankscope.trace_wire import WIRE_INT_COLUMNS
 
 
 def _tiers(col: dict[str, Any]) -> np.ndarray:
@@ -188,19 +189,3 @@ def chunk(col: dict[str, Any], byte_budget: int, max_chunk_bytes: int = 512_000
             rows, bodies = rows[:0], []
     sent = len(rows)
     return bodies, sent < n, sent
-
-
-def decode_chunk(body: dict[str, Any]) -> dict[str, Any]:
-    """The events of one ``trace`` body as int64 arrays (``WIRE_INT_COLUMNS``) plus ``attrs`` (a list
-    with one dict or None per event). Raises ValueError on a malformed body."""
-    from rankscope.packed import unpack_int_columns
-
-    ev = body["events"]
-    n, cols = unpack_int_columns(ev, body.get("column_types"), WIRE_INT_COLUMNS)
-    attrs: list[Any] = [None] * n
-    if "column_types" in body:
-        for row, a in ev.get("attrs", []):
-            attrs[row] = a
-    else:
-        attrs = list(ev.get("attrs", attrs))
-    return {**cols, "attrs": attrs}

@@ -28,9 +28,6 @@ TIER_OF_CATEGORY = {PYTHON: 4, CPU_OP: 3, RUNTIME: 2, ANNOTATION: 1, KERNEL: 0, 
 
 EVENT_COLUMNS = ("category", "name", "start_ns", "dur_ns", "device", "stream", "step", "bytes", "corr", "tid",
                  "path")
-# Integer columns of a trace chunk on the wire (packed, see rankscope/packed.py), plus sparse attrs.
-WIRE_INT_COLUMNS = ("category", "name", "start_delta_ns", "dur_ns", "device", "stream", "step", "bytes", "corr",
-                    "tid", "path")
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 

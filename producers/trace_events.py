@@ -31,12 +31,11 @@ from rankscope.producers.categories import (  # noqa: F401
     PYTHON,
     RUNTIME,
 )
-from rankscope.producers.trace_chunks import chunk, decode_chunk  # noqa: F401
+from rankscope.producers.trace_chunks import chunk  # noqa: F401
 from rankscope.producers.trace_columnar import (  # noqa: F401
     EVENT_COLUMNS,
     STEP_RE,
     TIER_OF_CATEGORY,
-    WIRE_INT_COLUMNS,
     call_paths,
     to_columnar,
 )
@@ -53,5 +52,5 @@ from rankscope.producers.trace_summary import (  # noqa: F401
     exclusive_times,
     group_stats,
     summarize,
-    summary_body,
 )
+from rankscope.trace_wire import WIRE_INT_COLUMNS, chunk_columns, summary_body  # noqa: F401

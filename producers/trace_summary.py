@@ -252,13 +252,3 @@ def group_stats(key: np.ndarray, dur: np.ndarray, excl: np.ndarray) -> tuple[np.
     vlo, vhi = d_s[starts + lo], d_s[starts + hi]
     p95 = np.rint(vlo + (vhi - vlo) * (pos - lo)).astype(np.int64)
     return k_s[starts], counts, total, median, p95, mx, excl_sum
-
-
-def summary_body(col: dict[str, Any], functions: dict[str, Any], *, events_sent: int, truncated: bool,
-                 status: str = "done") -> dict[str, Any]:
-    """The body of a ``summary`` message for this window (what storage/sink.py maps to
-    ``function_summaries`` rows and the ``trace_windows`` row)."""
-    return {"window_id": col["window_id"], "functions": functions, "first_step": int(col["first_step"]),
-            "last_step": int(col["last_step"]), "start_ns": int(col["start_ns"]), "end_ns": int(col["end_ns"]),
-            "events_total": len(col["events"]["category"]), "events_sent": int(events_sent),
-            "truncated": bool(truncated), "status": status}

@@ -7,18 +7,13 @@ and no store here (storage/convert.py applies them to a batch, storage/sink.py c
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from rankscope.alerts import Alert
-from rankscope.call_paths import expand_call_paths
 from rankscope.deadletter import DeadLetter
-from rankscope.packed import unpack_int_columns
 from rankscope.storage.columns import (
     HI,
     HI32,
@@ -35,7 +30,8 @@ from rankscope.storage.columns import (
     int_field,
     str_field,
 )
-from rankscope.wire import Envelope
+from rankscope.trace_wire import decode_chunk, decode_summary
+from rankscope.wire import Envelope, WireError
 
 
 def steps_columns(env: Envelope, out: Columns) -> int:
@@ -188,10 +184,6 @@ def hw_columns_checked(env: Envelope, out: Columns) -> None:
                             value=float_field(v, f"hw.metrics[{name!r}]"))
 
 
-TRACE_INT_COLUMNS = ("category", "name", "start_delta_ns", "dur_ns", "device", "stream", "step", "bytes", "path")
-_TRACE_I32 = frozenset({"device", "stream"})
-
-
 def _int_list(values: Any, name: str, n: int, bounds: tuple[int, int] = I64) -> list[int]:
     if not isinstance(values, list) or len(values) != n:
         raise InvalidMessage("bad_body", f"{name} must be a list of {n} values")
@@ -201,139 +193,33 @@ def _int_list(values: Any, name: str, n: int, bounds: tuple[int, int] = I64) -> 
     return values
 
 
-def _str_list(values: Any, name: str) -> list[str]:
-    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise InvalidMessage("bad_body", f"{name} must be a list of strings")
-    return values
-
-
-def _attr_map(a: Any, name: str) -> dict[str, str]:
-    if a is None:
-        return {}
-    if not isinstance(a, dict):
-        raise InvalidMessage("bad_body", f"{name} is {type(a).__name__}, expected map or nil")
-    return {str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":")) for k, v in a.items()}
-
-
-def _trace_attrs(b: dict[str, Any], n: int) -> list[dict[str, str]]:
-    """Per-row attrs maps: ``[[row, map], ...]`` (packed chunks) or a list of n maps/nils (list form)."""
-    attrs_in = b["events"].get("attrs", [])
-    if not isinstance(attrs_in, list):
-        raise InvalidMessage("bad_body", "trace.events.attrs must be a list")
-    if "column_types" not in b:
-        if len(attrs_in) != n:
-            raise InvalidMessage("bad_body", f"trace.events.attrs must be a list of {n} values")
-        return [_attr_map(a, "trace.events.attrs[]") for a in attrs_in]
-    out: list[dict[str, str]] = [{} for _ in range(n)]
-    for item in attrs_in:
-        if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int and 0 <= item[0] < n):
-            raise InvalidMessage("bad_body", "trace.events.attrs entries must be [row, map] with a row in the chunk")
-        out[item[0]] = _attr_map(item[1], "trace.events.attrs[]")
-    return out
-
-
 def trace_columns(env: Envelope, out: Columns) -> int:
-    """A ``trace`` chunk (producers/trace_events.py ``chunk``) -> ``trace_events`` rows. Returns the row count.
-
-    Each chunk is self-contained: its own ``categories``, ``names``, ``paths`` and ``tids`` tables.
-    Integer columns are packed bytes typed by ``column_types`` (rankscope/packed.py), or int lists.
-    Times: ``start_ns = t0_ns + cumulative sum of start_delta_ns``. Names: ``names[name]``, except python
-    events, named by their call path ``"root;...;leaf"`` resolved through ``paths`` ([parent, name]).
-    ``attrs`` maps become ``Map(String, String)`` (non-string values as compact JSON). The chunk is
-    validated whole before any row is appended, so a bad chunk adds nothing.
-    """
-    b = env.body
-    window_id = str_field(b["window_id"], "trace.window_id")
-    ev = b["events"]
-    cats = _str_list(b.get("categories"), "trace.categories")
-    names = _str_list(b.get("names"), "trace.names")
-    paths = b.get("paths", [])
-    if not isinstance(paths, list) or not all(
-            isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p) for p in paths):
-        raise InvalidMessage("bad_body", "trace.paths must be a list of [parent, name] pairs")
+    """A ``trace`` chunk -> ``trace_events`` rows (:func:`rankscope.trace_wire.decode_chunk`
+    validates it whole first, so a bad chunk adds nothing). Returns the row count."""
     try:
-        n, cols = unpack_int_columns(ev, b.get("column_types"), TRACE_INT_COLUMNS)
-    except ValueError as e:
-        raise InvalidMessage("bad_body", f"trace.events.{e}") from None
-    if "count" in b and b["count"] != n:
-        raise InvalidMessage("bad_body", f"trace.count is {b['count']!r}, the columns hold {n} events")
-    if not n:
-        return 0
-    for c in _TRACE_I32:
-        if cols[c].min() < I32[0] or cols[c].max() > I32[1]:
-            raise InvalidMessage("bad_body", f"trace.events.{c} holds values out of range {I32}")
-    attrs = _trace_attrs(b, n)
-    if cols["category"].min() < 0 or cols["category"].max() >= len(cats):
-        raise InvalidMessage("bad_body", "trace.events.category outside the categories table")
-    if cols["name"].min() < 0 or cols["name"].max() >= len(names):
-        raise InvalidMessage("bad_body", "trace.events.name outside the names table")
-    if cols["path"].min() < -1 or cols["path"].max() >= len(paths):
-        raise InvalidMessage("bad_body", "trace.events.path outside the paths table")
-    path_list = cols["path"].tolist()
-    # Call paths: resolve each used id once (parents first, iteratively; a cycle is an error).
-    resolved: dict[int, str] = {}
-    for pid in set(path_list) - {-1}:
-        chain: list[int] = []
-        p = pid
-        while p >= 0 and p not in resolved:
-            if p >= len(paths) or len(chain) > len(paths) or not 0 <= paths[p][1] < len(names):
-                raise InvalidMessage("bad_body", f"trace.paths entry {p} is malformed")
-            chain.append(p)
-            p = paths[p][0]
-        prefix = resolved.get(p)
-        for q in reversed(chain):
-            leaf = names[paths[q][1]]
-            prefix = leaf if prefix is None else f"{prefix};{leaf}"
-            resolved[q] = prefix
-    t0 = int_field(b.get("t0_ns"), "trace.t0_ns")
-    deltas = cols["start_delta_ns"]
-    if abs(t0) + max(abs(int(deltas.min())), abs(int(deltas.max()))) * n >= I64[1]:      # the cumulative sum could wrap
-        starts = list(itertools.accumulate(deltas.tolist(), initial=t0))[1:]
-        check_range(starts, "trace.start_ns")
-    else:
-        starts = (t0 + np.cumsum(deltas)).tolist()
-    cat_names = [cats[c] for c in cols["category"].tolist()]
-    row_names = [resolved[p] if p >= 0 else names[i] for i, p in zip(cols["name"].tolist(), path_list, strict=True)]
-    out.extend(n, job=env.job, window_id=window_id, rank=env.rank, category=cat_names, name=row_names,
-               start_ns=starts, dur_ns=cols["dur_ns"].tolist(), device=cols["device"].tolist(),
-               stream=cols["stream"].tolist(), step=cols["step"].tolist(), bytes=cols["bytes"].tolist(), attrs=attrs)
+        c = decode_chunk(env.body)
+    except WireError as e:
+        raise InvalidMessage(e.reason, e.detail) from None
+    n = c["n"]
+    if n:
+        out.extend(n, job=env.job, window_id=c["window_id"], rank=env.rank, category=c["category"], name=c["name"],
+                   start_ns=c["start_ns"], dur_ns=c["dur_ns"], device=c["device"], stream=c["stream"],
+                   step=c["step"], bytes=c["bytes"], attrs=c["attrs"])
     return n
-
-
-SUMMARY_INT_COLUMNS = ("count", "total_ns", "median_ns", "p95_ns", "max_ns", "exclusive_ns")
 
 
 def summary_columns(env: Envelope, out: Columns) -> dict[str, Any]:
     """A ``summary`` message -> ``function_summaries`` rows (appended to ``out``) and the window's
     ``trace_windows`` row (returned). ``events`` in that row is ``events_sent``: the number of
     ``trace_events`` rows the window should have; ``truncated`` says whether the rank left some out."""
-    b = env.body
-    window_id = str_field(b["window_id"], "summary.window_id")
     try:
-        f = expand_call_paths(b["functions"])
-    except ValueError as e:
-        raise InvalidMessage("bad_body", f"summary.functions: {e}") from None
-    cats = _str_list(f.get("category"), "summary.functions.category")
-    n = len(cats)
-    fnames = _str_list(f.get("name"), "summary.functions.name")
-    if len(fnames) != n:
-        raise InvalidMessage("bad_body", f"summary.functions.name has {len(fnames)} values, category has {n}")
-    cols = {c: _int_list(f.get(c), f"summary.functions.{c}", n) for c in SUMMARY_INT_COLUMNS}
-    start_ns = int_field(b.get("start_ns"), "summary.start_ns")
-    end_ns = int_field(b.get("end_ns"), "summary.end_ns")
-    window_ns = int_field(f.get("window_ns", end_ns - start_ns), "summary.functions.window_ns")
-    truncated = b.get("truncated", False)
-    if not isinstance(truncated, bool):
-        raise InvalidMessage("bad_body", f"summary.truncated is {type(truncated).__name__}, expected bool")
-    window = {"job": env.job, "window_id": window_id, "rank": env.rank,
-              "status": str_field(b.get("status", "done"), "summary.status"),
-              "first_step": int_field(b.get("first_step", -1), "summary.first_step"),
-              "last_step": int_field(b.get("last_step", -1), "summary.last_step"), "start_ns": start_ns, "end_ns": end_ns,
-              "events": int_field(b.get("events_sent", b.get("events_total", 0)), "summary.events_sent"),
-              "truncated": int(truncated), "updated_ns": env.sent_ns}
+        f, w = decode_summary(env.body)
+    except WireError as e:
+        raise InvalidMessage(e.reason, e.detail) from None
+    window = {"job": env.job, "rank": env.rank, **w, "truncated": int(w["truncated"]), "updated_ns": env.sent_ns}
+    n = f.pop("n")
     if n:
-        out.extend(n, job=env.job, window_id=window_id, rank=env.rank, category=cats, name=fnames,
-                   window_ns=window_ns, **cols)
+        out.extend(n, job=env.job, window_id=w["window_id"], rank=env.rank, **f)
     return window
 
 

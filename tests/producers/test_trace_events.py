@@ -19,7 +19,7 @@ from rankscope.producers.trace_events import (
     CATEGORIES,
     PYTHON,
     chunk,
-    decode_chunk,
+    chunk_columns,
     detect_clock_offset_ns,
     exclusive_times,
     experimental_config,
@@ -226,7 +226,7 @@ def test_chunks_roundtrip_through_the_wire(window: dict[str, Any]) -> None:
         assert len(msgpack.packb(body, use_bin_type=True)) <= 8_000
         b = decode(data).body
         assert (b["chunk"], b["chunks"], b["events_total"], b["events_sent"]) == (k, len(bodies), n, n)
-        e = decode_chunk(b)
+        e = chunk_columns(b)
         t = b["t0_ns"]
         bpy = path_strings(b["names"], b["paths"])
         for j in range(len(e["category"])):
@@ -254,7 +254,7 @@ def test_small_budget_truncates_python_first_and_says_so(window: dict[str, Any])
         bodies, truncated, sent = chunk(col, budget, max_chunk_bytes=4_000)
         assert truncated and 0 < sent < n
         assert sum(len(msgpack.packb(b, use_bin_type=True)) for b in bodies) <= budget
-        kept = [b["categories"][c] for b in bodies for c in decode_chunk(b)["category"]]
+        kept = [b["categories"][c] for b in bodies for c in chunk_columns(b)["category"]]
         assert len(kept) == sent
         k = {c: kept.count(c) for c in CATEGORIES}
         # Tiers: python goes first, then cpu ops; ProfilerStep marks and annotations stay.
@@ -271,7 +271,7 @@ def test_small_budget_truncates_python_first_and_says_so(window: dict[str, Any])
     assert partial_python, "no budget kept part of the python events"
     # A budget below the non-python events drops cpu ops too but keeps the ProfilerStep marks.
     bodies, truncated, sent = chunk(col, 600)
-    names = [b["names"][i] for b in bodies for i in decode_chunk(b)["name"]]
+    names = [b["names"][i] for b in bodies for i in chunk_columns(b)["name"]]
     assert truncated and sum(1 for x in names if x.startswith("ProfilerStep#")) == 2
     assert all(b["dropped"].get("python") == n_py for b in bodies)
     assert sum(len(msgpack.packb(b, use_bin_type=True)) for b in bodies) <= 600

@@ -170,7 +170,7 @@ def _trace_window(compact_paths: bool = True) -> tuple[list[bytes], bytes]:
 
 
 def test_trace_and_summary_rows() -> None:
-    from rankscope.producers.trace_events import decode_chunk
+    from rankscope.trace_wire import chunk_columns
     from rankscope.wire import decode
 
     traces, summary = _trace_window()
@@ -212,7 +212,7 @@ def test_trace_and_summary_rows() -> None:
         trace_columns(bad, cols)
     bad = decode(traces[0])
     bad.body["paths"] = [[0, 0]] * len(bad.body["paths"])  # a cycle
-    if any(p >= 0 for p in decode_chunk(bad.body)["path"]):
+    if any(p >= 0 for p in chunk_columns(bad.body)["path"]):
         with pytest.raises(InvalidMessage, match="malformed"):
             trace_columns(bad, cols)
     assert cols.rows == before
@@ -236,7 +236,7 @@ def test_trace_and_summary_rows() -> None:
 def test_list_form_trace_chunks_give_the_same_rows() -> None:
     """Chunks with int-list columns and a full attrs list (what ranks sent before packed columns)
     are still stored, row for row as the packed form; a packed chunk whose count disagrees is refused."""
-    from rankscope.producers.trace_events import WIRE_INT_COLUMNS, decode_chunk
+    from rankscope.trace_wire import WIRE_INT_COLUMNS, chunk_columns
     from rankscope.wire import decode
 
     traces, _ = _trace_window()
@@ -244,7 +244,7 @@ def test_list_form_trace_chunks_give_the_same_rows() -> None:
     for m in traces:
         env = decode(m)
         trace_columns(env, packed)
-        cols = decode_chunk(env.body)
+        cols = chunk_columns(env.body)
         body = {k: v for k, v in env.body.items() if k not in ("column_types", "count")}
         body["events"] = {**{c: cols[c].tolist() for c in WIRE_INT_COLUMNS}, "attrs": cols["attrs"]}
         trace_columns(decode(encode(Envelope(kind="trace", job=env.job, rank=env.rank, host=env.host, pid=env.pid,
