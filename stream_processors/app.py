@@ -4,11 +4,10 @@
   ranks, job from v1 ranks): a consumer thread of its own group folds batches into the shard
   state of the partitions this worker owns and publishes the shard summaries and statistics
   every scan interval. Undecodable input becomes a dead letter with its reason and a counter.
-- ``judge`` agent (shards topic, key = job): shard summaries into the
-  :class:`~rankscope.stream_processors.stages.JobStage`.
-- ``tick`` timer (every scan_interval_s): the job-wide rules; alert changes (JSON) go to the
-  alerts topic.
-- ``reports`` agent (summaries topic): trace-window summaries into diagnosis reports.
+- ``judge`` agent (shards topic, key = job), ``tick`` timer (every scan_interval_s), ``reports``
+  agent (summaries topic) and a report-deadline timer: each hands its input to
+  :class:`~rankscope.stream_processors.handlers.Handlers` (shard summaries into the job stage, the
+  job-wide rules and their alerts, trace-window reports) and sends the messages it returns.
 State: none in faust tables. A worker that takes steps partitions rebuilds them from recent input,
 and one that takes shards partitions takes back open incidents from the alerts topic
 (stream_processors/rebuild.py), before it consumes them. A failing event is logged, counted and skipped; a failing timer tick is logged and
@@ -19,7 +18,6 @@ supervisor to restart it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -32,17 +30,14 @@ import faust
 
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
-from rankscope.deadletter import DeadLetter, DeadLetterCounter
+from rankscope.deadletter import DeadLetterCounter
 from rankscope.kafka_client import faust_auth
 from rankscope.metrics import process_metrics, start_metrics
 from rankscope.stream_processors.folder import ShardFolder
+from rankscope.stream_processors.handlers import Handlers, Out, Source
 from rankscope.stream_processors.rebuild import open_incidents
-from rankscope.stream_processors.report_alerts import ReportAlerts
 from rankscope.stream_processors.stages import JobStage, Sender
-from rankscope.stream_processors.windows import WindowCollector
 from rankscope.topics import Topic
-from rankscope.trace_request import TraceRequest, control_body, plan
-from rankscope.wire import Envelope, WireError, decode
 
 log = logging.getLogger("rankscope.processors")
 
@@ -78,32 +73,20 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     metrics = process_metrics()
     folder = ShardFolder(settings, f"{app_id(settings)}-shards", clock, counter, sender)
     job_stage = JobStage(settings)
-    collector = WindowCollector()
-    report_alerts = ReportAlerts()
-    auto_traced: dict[str, float] = {}
+    handlers = Handlers(settings, clock, job_stage, sender, counter,
+                        on_dead_letter=lambda reason: metrics.dead_letter("processors", reason))
     app.rankscope_deadletters = counter  # type: ignore[attr-defined]
     app.rankscope_stages = (folder, job_stage)  # type: ignore[attr-defined]
 
-    async def dead_letter(msg: Any, value: Any, reason: str, detail: str) -> None:
-        counter.add("processors", reason)
-        metrics.dead_letter("processors", reason)
-        dl = DeadLetter.make(ts_ns=clock.wall_ns(), source_topic=msg.topic, partition=msg.partition,
-                             offset=msg.offset, stage="processors", reason=reason, detail=detail,
-                             payload=value if isinstance(value, bytes) else None)
-        await topics[Topic.DEADLETTER].send(key=msg.topic.encode(), value=dl.to_json())
+    async def send(outs: list[Out]) -> None:
+        for o in outs:
+            try:
+                await topics[o.topic].send(key=o.key, value=o.value)
+            except Exception as e:
+                log.exception("sending to %s failed: %s", o.topic.value, e)
 
-    async def decode_or_deadletter(event: Any, kinds: tuple[str, ...]) -> Envelope | None:
-        try:
-            env = decode(event.value)
-            if env.kind not in kinds:
-                raise WireError("unexpected_kind", f"{env.kind!r} on {event.message.topic}; expected {list(kinds)}")
-            return env
-        except WireError as e:
-            await dead_letter(event.message, event.value, e.reason, str(e))
-        except Exception as e:  # never let one event kill the agent
-            counter.add("processors", "internal")
-            log.exception("unexpected error decoding event: %s", e)
-        return None
+    def source(event: Any) -> Source:
+        return Source(event.message.topic, event.message.partition, event.message.offset)
 
     # Partitions come and go ---------------------------------------------------------------------
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
@@ -128,98 +111,30 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     async def start_folder() -> None:
         folder.start()
 
-        # Stage two: judge ---------------------------------------------------------------------------
+    # Stage two: judge ---------------------------------------------------------------------------
     @app.agent(topics[Topic.SHARDS], concurrency=1)
     async def judge(stream: Any) -> None:
         async for event in stream.events():
             metrics.consumed_event(event.message, app, clock.wall_ns())
-            env = await decode_or_deadletter(event, ("shard",))
-            if env is None:
-                continue
-            try:
-                job_stage.ingest(event.message.partition, env)
-            except WireError as e:
-                await dead_letter(event.message, event.value, e.reason, str(e))
-            except Exception as e:
-                counter.add("processors", "apply_failed")
-                log.exception("failed to take the shard summary of %s: %s", env.job, e)
+            await send(handlers.on_shard(source(event), event.value))
 
     @app.timer(interval=settings.scan_interval_s)
     async def tick() -> None:
         t0 = time.perf_counter()
-        now_s = clock.wall_ns() / 1e9
-        for alert in job_stage.tick(now_s):
-            log.warning("alert %s %s: %s", alert.status, alert.kind, alert.summary)
-            try:
-                await topics[Topic.ALERTS].send(key=alert.job.encode(), value=alert.to_json())
-                if alert.kind == "slow_rank" and alert.status == "open":
-                    await auto_trace(alert.job, now_s)
-                if alert.kind == "hang" and alert.status == "open":
-                    await request_flight_record(alert.job, alert)
-            except Exception as e:
-                log.exception("publishing alert %s failed: %s", alert.alert_id, e)
+        await send(handlers.on_tick())
         metrics.set_open_incidents(Counter(kind for m in job_stage.monitors.values() for kind in m.incidents))
         metrics.scanned("jobs", time.perf_counter() - t0)
 
-    async def auto_trace(job: str, now_s: float) -> None:
-        """A sustained slowdown opens a trace window on the job by itself (rate-limited)."""
-        now = clock.monotonic()
-        if settings.auto_trace_steps <= 0 or now - auto_traced.get(job, -1e18) < settings.auto_trace_interval_s:
-            return
-        auto_traced[job] = now
-        req = TraceRequest(job=job, steps=settings.auto_trace_steps, reason="auto: slow rank",
-                           request_id=f"auto-{job}-{int(now_s)}")
-        mon = job_stage.monitors.get(job)
-        body = control_body(req, plan(req, mon.progress_rows(now_s, settings) if mon else [], clock.wall_ns()))
-        log.warning("auto-trace: opening a %d-step window on job %s", settings.auto_trace_steps, job)
-        await topics[Topic.CONTROL].send(key=job.encode(), value=sender.envelope("control", job, body, clock.wall_ns()))
-
-    async def request_flight_record(job: str, alert: Any) -> None:
-        """A hang asks every rank for its flight recorder (last steps and all stacks) on the control topic."""
-        body = {"command": "flight", "request_id": f"flight-{alert.alert_id}", "ranks": None,
-                "args": {"reason": f"alert {alert.alert_id}"}}
-        await topics[Topic.CONTROL].send(key=job.encode(), value=sender.envelope("control", job, body, clock.wall_ns()))
-
     # Reports ------------------------------------------------------------------------------------
-    def job_ranks(job: str) -> tuple[list[int] | None, int | None]:
-        mon = job_stage.monitors.get(job)
-        if mon is None:
-            return None, None
-        now_s = clock.wall_ns() / 1e9
-        return mon.expected_ranks(now_s, settings), mon.world_size(now_s, settings) or None
-
-    async def publish_report(job: str, window_id: str) -> None:
-        expected, world = job_ranks(job)
-        report = collector.build(job, window_id, expected, world)
-        if report is not None:
-            log.warning("report %s/%s: slow workers %s", job, window_id, [s["rank"] for s in report["slow_workers"]])
-            await topics[Topic.REPORTS].send(key=job.encode(), value=json.dumps(report, default=str).encode())
-            for alert in report_alerts.on_report(report, clock.wall_ns()):
-                log.warning("alert %s %s: %s", alert.status, alert.kind, alert.summary)
-                await topics[Topic.ALERTS].send(key=job.encode(), value=alert.to_json())
-
     @app.agent(topics[Topic.SUMMARIES], concurrency=1)
     async def reports(stream: Any) -> None:
         async for event in stream.events():
             metrics.consumed_event(event.message, app, clock.wall_ns())
-            env = await decode_or_deadletter(event, ("summary",))
-            if env is None:
-                continue
-            try:
-                key = collector.add(env, clock.monotonic())
-                if collector.complete(key, job_ranks(env.job)[0]):
-                    await publish_report(*key)
-            except Exception as e:
-                counter.add("processors", "report_failed")
-                log.exception("report for %s failed: %s", env.job, e)
+            await send(handlers.on_summary(source(event), event.value))
 
     @app.timer(interval=2.0)
     async def report_deadlines() -> None:
-        for key in collector.overdue(clock.monotonic(), settings.report_deadline_s):
-            try:
-                await publish_report(*key)
-            except Exception as e:
-                log.exception("report %s failed: %s", key, e)
+        await send(handlers.on_report_deadlines())
 
     original_crash = app.crash
 
