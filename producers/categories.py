@@ -68,7 +68,7 @@ def attrs_and_bytes(category: int, activity_type: str, name: str, meta: dict[str
     if category == COLLECTIVE:
         return _collective_attrs(name, meta, shapes, dtypes), nbytes or _collective_bytes(meta, shapes, dtypes)
     if category == KERNEL:
-        attrs = {k: meta[k] for k in ("grid", "block") if k in meta}
+        attrs: dict[str, Any] = {k: meta[k] for k in ("grid", "block") if k in meta}
         return attrs or None, nbytes
     if category == MEMCPY:
         kind = name[len("Memcpy "):].split(" ", 1)[0] if name.startswith("Memcpy ") else name

@@ -114,7 +114,7 @@ def _wrap_work_wait() -> None:
 
     setattr(_rankscope_timed_wait, WRAPPER_MARK, True)
     try:
-        Work.wait = _rankscope_timed_wait
+        Work.wait = _rankscope_timed_wait  # type: ignore[method-assign]
     except (TypeError, AttributeError) as e:  # some builds make the type immutable
         log.debug("cannot wrap Work.wait: %s", e)
 

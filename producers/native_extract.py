@@ -302,5 +302,5 @@ class WindowReader:
         if getattr(holder, "kineto_results", None) is not None:
             # Free what is left of the results now, on this thread, rather than whenever the garbage
             # collector reaches the profiler's reference cycles (possibly on the training thread).
-            holder.kineto_results = None
+            holder.kineto_results = None  # type: ignore[union-attr]
         return raw

@@ -59,7 +59,7 @@ def user_stack(frame: Any) -> tuple[list[str], bool]:
 
     A thread is rankscope's own when it runs rankscope's code and nothing but the stdlib besides.
     """
-    raw = []
+    raw: list[Any] = []
     f: Any = frame
     while f is not None and len(raw) < MAX_WALK:
         raw.append(f)

@@ -187,8 +187,8 @@ class WindowController:
         with self._lock:
             self._active = _Active(req, window_id, first_step, now, prof)
             if req is self._schedule:
-                self._next_due_ns = now + int(req.every_s * 1e9)
-                self._next_due_step = first_step + req.every_steps
+                self._next_due_ns = now + int(req.every_s * 1e9)  # type: ignore[union-attr]
+                self._next_due_step = first_step + req.every_steps  # type: ignore[union-attr]
             self._rearm()
         self._on_window(True)
 

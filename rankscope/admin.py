@@ -32,7 +32,7 @@ def admin_client(target: str | Settings) -> AdminClient:
     """An admin client for a bootstrap address (plain) or for ``Settings`` (with their security;
     a rejected login raises KafkaAuthError from the client's ``poll``)."""
     base: dict[str, Any] = {"bootstrap.servers": target} if isinstance(target, str) else client_conf(target, fatal=True)
-    return AdminClient({**base, "logger": _client_log})
+    return AdminClient({**base, "logger": _client_log})  # type: ignore[dict-item]
 
 
 def kafka_answers(target: str | Settings, timeout_s: float = 2.0) -> bool:

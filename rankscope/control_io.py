@@ -55,7 +55,7 @@ def latest_stats(settings: Settings, timeout_s: float = 5.0) -> dict[str, list[d
             msg = c.poll(0.2)
             if msg is None or msg.error():
                 continue
-            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+            if (msg.offset() or 0) + 1 >= ends.get(msg.partition() or 0, 0):
                 remaining.discard(msg.partition())
             try:
                 env = decode(msg.value())

@@ -114,7 +114,7 @@ class ShardSummary:
             for v, t in zip(raw, _FAILURE_TYPES, strict=True):
                 if not isinstance(v, t) or isinstance(v, bool):
                     raise WireError("bad_body", f"shard.failures value {v!r} is not {t}")
-            failures.append(Failure(*raw[:-1], frames=[str(f) for f in raw[-1]]))
+            failures.append(Failure(*raw[:-1], frames=[str(f) for f in raw[-1]]))  # type: ignore[misc]
         agg = body["agg"]
         for name in AGG_INTS:
             if not isinstance(agg.get(name), int) or isinstance(agg.get(name), bool):

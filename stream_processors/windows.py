@@ -56,7 +56,7 @@ class WindowCollector:
         if win is None:
             return False
         exp = self.expected_from(win, job_ranks)
-        return bool(exp) and set(exp) <= set(win.frames)
+        return bool(exp) and set(exp or ()) <= set(win.frames)
 
     def overdue(self, now: float, deadline_s: float) -> list[tuple[str, str]]:
         return [k for k, w in self._open.items() if now - w.first_seen >= deadline_s]

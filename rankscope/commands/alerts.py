@@ -50,7 +50,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 continue
             idle_since = time.monotonic()
             try:
-                alert = Alert.from_json(msg.value())
+                alert = Alert.from_json(msg.value() or b"")
             except ValueError as e:
                 print(f"skipping malformed alert at offset {msg.offset()}: {e}", file=sys.stderr)
                 continue

@@ -48,7 +48,7 @@ def wait_for_report(settings: Settings, job: str, window_prefix: str, timeout_s:
                 continue
             idle_since = time.monotonic()
             try:
-                rep = json.loads(msg.value())
+                rep = json.loads(msg.value() or b"")
             except ValueError:
                 continue
             if rep.get("job") == job and str(rep.get("window_id", "")).startswith(window_prefix):

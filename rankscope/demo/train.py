@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             hang_forever()
         if rank == args.fail_rank and step == args.fail_at_step:
             load_batch(step)
-        if args.ddp:
+        if model is not None and opt is not None:   # --ddp
             reps = 1 + (extra // max(args.matmuls, 1) if rank == args.slow_rank else 0)
             out = x0
             for _ in range(reps):
