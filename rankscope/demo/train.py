@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import sys
 import time
 
@@ -24,6 +25,8 @@ from rankscope import Tracer
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--min-seconds", type=float, default=0.0,
+                   help="go on past --steps until this many seconds have passed (the ranks agree on the last step)")
     p.add_argument("--size", type=int, default=192, help="matrix size of the per-step compute")
     p.add_argument("--matmuls", type=int, default=20, help="matmuls per step on a normal rank")
     p.add_argument("--slow-rank", type=int, default=-1)
@@ -37,6 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps <= 0:
         p.error(f"--steps must be > 0, got {args.steps}")
+    if args.min_seconds < 0:
+        p.error(f"--min-seconds must be >= 0, got {args.min_seconds}")
+    if args.min_seconds and args.ddp:
+        p.error("--min-seconds needs the explicit all_reduce, not --ddp")
     if args.slow_factor < 1:
         p.error(f"--slow-factor must be >= 1, got {args.slow_factor}")
     return args
@@ -87,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.ddp:
         model, opt = ddp_mlp(args.size)
         tracer.watch_ddp(model)
-    for step in range(args.steps):
+    t_first = time.monotonic()
+    done_steps = 0
+    for step in itertools.count():
+        if step >= args.steps and not args.min_seconds:
+            break
         if rank == args.hang_rank and step == args.hang_at_step:
             print(f"rank {rank}: hanging at step {step}", file=sys.stderr, flush=True)
             hang_forever()
@@ -107,8 +118,18 @@ def main(argv: list[str] | None = None) -> int:
             if rank == args.slow_rank and step >= args.slow_from_step:
                 y = slow_extra_compute(y, w, extra)
             t = y.sum().reshape(1)
+            if args.min_seconds:
+                # [1]: how many ranks have done --steps and --min-seconds; the sum is the same on
+                # every rank, so all of them stop after the same step.
+                done = step + 1 >= args.steps and time.monotonic() - t_first >= args.min_seconds
+                t = torch.cat([t, torch.tensor([float(done)])])
             dist.all_reduce(t)
         tracer.step()
+        done_steps = step + 1
+        if args.min_seconds and t[1].item() > 0:
+            break
+    if rank == 0:
+        print(f"rank 0: done after {done_steps} steps", file=sys.stderr, flush=True)
     tracer.close()
     # Free DDP (its reducer holds gloo work) while Python is fully alive: left to the interpreter's
     # shutdown, gloo's thread freed that work as Python finalised and the process aborted
