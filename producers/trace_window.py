@@ -182,6 +182,10 @@ class WindowController:
         k = self._counts.get(req.request_id, 0)
         self._counts[req.request_id] = k + 1
         window_id = f"{req.request_id}-{k}"
+        if k == 0 and 0 < req.start_step < first_step:
+            log.warning("rankscope: window %s starts at step %d, %d after its planned start step %d: the request "
+                        "came late, so this rank traces other steps than its peers", window_id, first_step,
+                        first_step - req.start_step, req.start_step)
         prof = self._profiler_factory(req)
         prof.start()
         with self._lock:
@@ -267,7 +271,9 @@ class WindowController:
         self.windows_done += 1
         sent, total, truncated = out.sent, body["events_total"], out.truncated
         how = f"{'C++' if self.native_reader else 'Python'} reader"
+        late = act.window_id.endswith("-0") and 0 < act.request.start_step < act.first_step
         detail = (f"window {act.window_id}: steps {body['first_step']}-{body['last_step']}, {sent}/{total} events sent"
+                  + (f", LATE: planned from step {act.request.start_step}" if late else "")
                   + (f", TRUNCATED to the {budget}-byte budget" if truncated else "") + f" ({how})")
         self._ack(act.request.request_id, "done", detail, window_id=act.window_id, truncated=bool(truncated))
 

@@ -55,12 +55,14 @@ def test_a_start_step_wins_over_the_clock() -> None:
     assert begun == [50]
 
 
-def test_a_start_step_already_passed_starts_at_the_next_boundary() -> None:
+def test_a_start_step_already_passed_starts_at_the_next_boundary(caplog: pytest.LogCaptureFixture) -> None:
     now = [1_000]
     wc, begun, _ = _controller(now)
     wc.handle("trace", "r", {"steps": 2, "start_step": 5, "lead_ns": 0}, None, now[0])
-    wc.on_step(70)
+    with caplog.at_level("WARNING", logger="rankscope.trace"):
+        wc.on_step(70)
     assert begun == [71]
+    assert "starts at step 71, 66 after its planned start step 5" in caplog.text
 
 
 def test_a_start_step_that_never_comes_gives_way_to_the_clock() -> None:
@@ -96,10 +98,22 @@ def test_the_cli_extrapolates_the_furthest_rank() -> None:
     rows = [{"rank": 0, "step": 100, "ts_ns": 1_000 * ms, "median_step_ns": 10 * ms},
             {"rank": 1, "step": 98, "ts_ns": 1_000 * ms, "median_step_ns": 10 * ms}]
     # 500 ms since the stats plus a 1 s lead at 10 ms per step: 150 steps past step 100, plus 1, plus the margin.
-    assert plan_start_step(rows, 1_500 * ms, 1_000 * ms, margin_steps=2) == 100 + 1 + 150 + 2
+    assert plan_start_step(rows, 1_500 * ms, 1_000 * ms, margin_steps=2, faster=1.0) == 100 + 1 + 150 + 2
+    # By default as if the steps ran 1.5x faster than their median: 225 steps.
+    assert plan_start_step(rows, 1_500 * ms, 1_000 * ms, margin_steps=2) == 100 + 1 + 225 + 2
     assert plan_start_step([{"rank": 0, "step": 5, "ts_ns": 0, "median_step_ns": 0}], 0, 0) == 0    # no step time yet
     assert plan_start_step([{"rank": 0}], 0, 0) == 0
     assert plan_start_step([], 0, 0) == 0
+
+
+def test_a_plan_from_stale_stats_and_a_warm_up_median_stays_ahead_of_the_ranks() -> None:
+    ms = 10**6
+    # The stats saw step 100 end 6 s ago; its median (15 ms) still holds slow first steps, while
+    # the rank now steps every 10 ms, so it reaches step 800 a second from now, when the request arrives.
+    rows = [{"rank": 0, "step": 100, "ts_ns": 0, "median_step_ns": 15 * ms}]
+    reached = 100 + (6_000 + 1_000) // 10
+    assert plan_start_step(rows, 6_000 * ms, 3_000 * ms, faster=1.0) < reached       # extrapolating at the median misses
+    assert plan_start_step(rows, 6_000 * ms, 3_000 * ms) > reached
 
 
 def test_a_periodic_schedule_starts_at_its_start_step_too() -> None:
@@ -154,6 +168,7 @@ def test_the_plan_extrapolates_from_when_the_step_ended_not_when_it_was_reported
     now = 10**18
     seen_late = {"rank": 0, "step": 100, "ts_ns": now, "median_step_ns": 100_000_000}
     assert plan_start_step([seen_late], now, 0) == 103
-    # The stats were sent 2 s after that step ended: the rank is 20 steps further by now.
+    # The stats were sent 2 s after that step ended: the rank is 20 steps further by now (30 at 1.5x).
     ended = {**seen_late, "step_end_ns": now - 2 * 10**9}
-    assert plan_start_step([ended], now, 0) == 123
+    assert plan_start_step([ended], now, 0, faster=1.0) == 123
+    assert plan_start_step([ended], now, 0) == 133

@@ -178,7 +178,7 @@ def test_progress_rows_plan_one_start_step_for_every_rank():
     last_end = rows[0]["ts_ns"]
     assert last_end == 30 * STEP_NS
     # One second after the last step ended, one second ahead, 10 ms steps: 200 steps on, plus 1 and 2.
-    assert plan_start_step(rows, last_end + 10**9, 10**9) == 29 + 1 + 200 + 2
+    assert plan_start_step(rows, last_end + 10**9, 10**9, faster=1.0) == 29 + 1 + 200 + 2
     assert plan_start_step(TwoStage(job="k").progress_rows(0.0, S), 0, 10**9) == 0
 
 
