@@ -17,6 +17,7 @@ import streamlit as st
 
 from rankscope.config import ConfigError, Settings
 from rankscope.dashboard import queries
+from rankscope.rank_states import RANK_STATES
 from rankscope.storage.store import Store, StoreError, StoreLocked, open_store
 
 JOB_PAGE = "views/job.py"
@@ -24,11 +25,12 @@ QUERY_TTL_S = 1.0
 STATE_BADGE = {
     "running": ":green-badge[running]",
     "slow": ":orange-badge[slow]",
+    "waiting": ":blue-badge[waiting]",
     "hung": ":red-badge[hung]",
     "dead": ":violet-badge[dead]",
     "exited": ":gray-badge[exited]",
 }
-STATE_COLOUR = {"running": "#e6f4ea", "slow": "#fff1d6", "hung": "#fde2e1", "dead": "#efe3fb",
+STATE_COLOUR = {"running": "#e6f4ea", "slow": "#fff1d6", "waiting": "#e3eefc", "hung": "#fde2e1", "dead": "#efe3fb",
                 "exited": "#eeeeee"}
 KIND_TITLE = {"hang": "Hang", "dead_rank": "Dead rank", "slow_rank": "Slow rank",
               "abnormal_worker": "Abnormal worker (report)", "rank_failed": "Rank failed (crash)"}
@@ -129,7 +131,7 @@ def state_counts_line(ranks_df: pd.DataFrame) -> str:
     if ranks_df.empty:
         return ""
     parts = []
-    for state in queries.RANK_STATES:
+    for state in RANK_STATES:
         rs = [int(r) for r in ranks_df.loc[ranks_df["state"] == state, "rank"]]
         if not rs or state == "running":
             continue

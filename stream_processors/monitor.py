@@ -32,6 +32,7 @@ from typing import Any
 
 from rankscope.alerts import Alert, StackGroup
 from rankscope.config import Settings
+from rankscope.rank_states import DEAD, HUNG, RUNNING, SLOW, WAITING, exited_state
 from rankscope.stream_processors import failures
 from rankscope.stream_processors.job_view import MAX_GROUP_RANKS, JobView
 from rankscope.stream_processors.rank_state import CRASH_REASONS
@@ -145,8 +146,9 @@ class JobMonitor:
         return view.world_size if view else 0
 
     def rank_states(self, now_s: float, settings: Settings) -> dict[int, str]:
-        """The state of every rank with a row: exited, dead, hung, waiting, slow or running. Slow: named
-        by the slow-rank incident, or slow but costing less than the gate (:attr:`SlowRule.watch`)."""
+        """The state of every rank with a row (:mod:`rankscope.rank_states`). Slow: named by the
+        slow-rank incident, or slow but costing less than the gate (:attr:`SlowRule.watch`). A rank
+        waiting in a collective for a hung peer stays slow when the slow-rank incident names it."""
         view = self.view(now_s, settings)
         if view is None:
             return {}
@@ -157,17 +159,17 @@ class JobMonitor:
         states = {}
         for r in view.rows.values():
             if r.exit_reason:
-                states[r.rank] = "exited" if r.exit_reason in ("completed", "atexit") else f"exited:{r.exit_reason}"
+                states[r.rank] = exited_state(r.exit_reason)
             elif r.rank in dead:
-                states[r.rank] = "dead"
+                states[r.rank] = DEAD
             elif hang and r.rank in hang["ranks"]:
-                states[r.rank] = "hung"
-            elif view.age(r, now_s) > thr:
-                states[r.rank] = "waiting"
+                states[r.rank] = HUNG
             elif (slow and r.rank in slow["ranks"]) or r.rank in self.slow.watch:
-                states[r.rank] = "slow"
+                states[r.rank] = SLOW
+            elif view.age(r, now_s) > thr:
+                states[r.rank] = WAITING
             else:
-                states[r.rank] = "running"
+                states[r.rank] = RUNNING
         return states
 
     # Scan -------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import statistics
 from typing import Any
 
 from rankscope.config import Settings
+from rankscope.rank_states import DEAD, RUNNING, WAITING, exited_state
 from rankscope.stream_processors.arrivals import ShardArrivals
 from rankscope.stream_processors.rank_state import RankState, fold
 from rankscope.stream_processors.stacks import main_stack, signature, waiting_in_collective
@@ -188,13 +189,13 @@ class ShardJob:
             step_med, busy_med, comm_med = st.medians()
             durs = sorted(st.durations)
             if st.exit_reason:
-                state = "exited" if st.exit_reason in ("completed", "atexit") else f"exited:{st.exit_reason}"
+                state = exited_state(st.exit_reason)
             elif r in silent:
-                state = "dead"
+                state = DEAD
             elif st.progress_age_s(now_s) > settings.hang_min_s:
-                state = "waiting"
+                state = WAITING      # stage one cannot tell the hang's culprit from the ranks it blocks
             else:
-                state = "running"
+                state = RUNNING
             rows.append({"rank": r, "ts_ns": ts_ns, "step": st.last_step, "window_steps": len(durs),
                          "median_step_ns": step_med,
                          "p95_step_ns": durs[min(len(durs) - 1, int(0.95 * len(durs)))] if durs else 0,

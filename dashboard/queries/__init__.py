@@ -29,10 +29,7 @@ from rankscope.dashboard.queries.alerts import (  # noqa: F401
     lost_time,
     parse_stack_groups,
 )
-from rankscope.dashboard.queries.common import (  # noqa: F401
-    HEATMAP_MIN_RANKS,
-    RANK_STATES,
-)
+from rankscope.dashboard.queries.common import HEATMAP_MIN_RANKS  # noqa: F401
 from rankscope.dashboard.queries.console import (  # noqa: F401
     CONSOLE_MAX_ROWS,
     CONSOLE_TIMEOUT_S,

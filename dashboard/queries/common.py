@@ -14,10 +14,6 @@ from rankscope.storage.readonly import SqlResult as SqlResult
 from rankscope.storage.readonly import run_readonly as run_readonly
 from rankscope.storage.store import StoreError as StoreError
 
-#: Rank states, most severe first. ``derive_rank_states`` picks the first that applies.
-RANK_STATES = ("exited", "dead", "hung", "slow", "running")
-#: Worker-stats states (written by the processors) that map onto a rank state.
-STATS_STATE_MAP = {"slow": "slow", "straggler": "slow", "hung": "hung", "stalled": "hung", "dead": "dead"}
 #: Above this many ranks the step-time chart becomes a rank x step heatmap.
 HEATMAP_MIN_RANKS = 64
 

@@ -8,9 +8,10 @@ from typing import Any
 import pandas as pd
 
 from rankscope.dashboard.queries.alerts import alerts, lost_time
-from rankscope.dashboard.queries.common import STATS_STATE_MAP, as_datetime, check_positive, now_or_wall_ns
+from rankscope.dashboard.queries.common import as_datetime, check_positive, now_or_wall_ns
 from rankscope.last_arrivals import slow_watch as last_arrivals_slow_watch
 from rankscope.last_arrivals import steps_from_records
+from rankscope.rank_states import DEAD, EXITED, HUNG, RUNNING, SLOW, WAITING, base_state
 from rankscope.sql_guard import READONLY_STATEMENTS as READONLY_STATEMENTS
 from rankscope.sql_guard import SqlRefused as SqlRefused
 from rankscope.sql_guard import check_readonly_sql as check_readonly_sql
@@ -162,7 +163,10 @@ def derive_rank_states(rows: pd.DataFrame, open_alerts: pd.DataFrame,
       3. ``hung``: an open ``hang`` alert names it as a culprit, or the processors say so.
       4. ``slow``: an open ``slow_rank`` alert names it, the processors' state is slow, or it is in
          ``watched_slow`` (a straggler below the alert's cost gate).
-      5. ``running`` otherwise.
+      5. ``waiting``: the processors' state: no step for longer than the hang threshold (a rank
+         blocked in a collective for a peer).
+      6. ``running`` otherwise.
+    The states are :data:`rankscope.rank_states.RANK_STATES`.
     """
     check_positive("dead_after_s", dead_after_s)
     df = rows.copy()
@@ -179,16 +183,16 @@ def derive_rank_states(rows: pd.DataFrame, open_alerts: pd.DataFrame,
 
     def state(row: Any) -> str:
         rank = int(row["rank"])
-        stats = STATS_STATE_MAP.get(str(row.get("stats_state") or ""), "")
+        stats = base_state(row.get("stats_state"))
         if row.get("exit_reason"):
-            return "exited"
-        if rank in named["dead_rank"] or stats == "dead" or row["heartbeat_age_s"] > dead_after_s:
-            return "dead"
-        if rank in named["hang"] or stats == "hung":
-            return "hung"
-        if rank in named["slow_rank"] or stats == "slow" or rank in watched:
-            return "slow"
-        return "running"
+            return EXITED
+        if rank in named["dead_rank"] or stats == DEAD or row["heartbeat_age_s"] > dead_after_s:
+            return DEAD
+        if rank in named["hang"] or stats == HUNG:
+            return HUNG
+        if rank in named["slow_rank"] or stats == SLOW or rank in watched:
+            return SLOW
+        return WAITING if stats == WAITING else RUNNING
 
     df["state"] = df.apply(state, axis=1)
     df["alerts"] = [", ".join(sorted(set(per_rank.get(int(r), [])))) for r in df["rank"]]

@@ -57,15 +57,17 @@ def test_ranks_go_dead_when_heartbeats_stop(store, now):
 
 def test_derive_rank_states_priority():
     rows = pd.DataFrame({
-        "rank": [0, 1, 2, 3, 4, 5],
-        "heartbeat_age_s": [1.0, 1.0, 1.0, 30.0, 1.0, 1.0],
-        "stats_state": ["ok", "", "slow", "", "hung", ""],
-        "exit_reason": ["completed", "", "", "", "", ""],
-        "exit_detail": ["", "", "", "", "", ""],
+        "rank": [0, 1, 2, 3, 4, 5, 6, 7, 8],
+        "heartbeat_age_s": [1.0, 1.0, 1.0, 30.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+        "stats_state": ["ok", "", "slow", "", "hung", "", "waiting", "waiting", "exited:signal"],
+        "exit_reason": ["completed", "", "", "", "", "", "", "", ""],
+        "exit_detail": ["", "", "", "", "", "", "", "", ""],
     })
-    open_alerts = pd.DataFrame({"kind": ["dead_rank", "slow_rank"], "ranks": [[1], [0, 5]]})
+    open_alerts = pd.DataFrame({"kind": ["dead_rank", "slow_rank"], "ranks": [[1], [0, 5, 7]]})
     df = q.derive_rank_states(rows, open_alerts, dead_after_s=10)
-    assert list(df["state"]) == ["exited", "dead", "slow", "dead", "hung", "slow"]
+    # 6 waits in a collective; 7 waits too, but the slow-rank incident names it; 8's stats row says
+    # it exited, which its own exit record (not stored yet) will say too.
+    assert list(df["state"]) == ["exited", "dead", "slow", "dead", "hung", "slow", "waiting", "slow", "running"]
     assert df.loc[5, "alerts"] == "slow_rank"
     assert q.derive_rank_states(rows.iloc[:0], open_alerts).columns.tolist() == q.RANKS_COLUMNS
     with pytest.raises(ValueError, match="dead_after_s"):

@@ -91,7 +91,11 @@ def test_hang_names_culprit_by_stack_and_groups_waiters():
         frames = HANG_FRAMES if r == 3 else WAIT_FRAMES
         mon.apply(hb(r, 29, 13.0, [{"thread": "MainThread", "frames": frames}]), 113.0, S)
     assert mon.scan(113.0, S) == []
-    assert mon.rank_states(113.0, S)[3] == "hung"
+    assert mon.rank_states(113.0, S) == {0: "waiting", 1: "waiting", 2: "waiting", 3: "hung"}
+    # Stage one's stats rows cannot tell the culprit from the ranks it blocks: every rank waits there,
+    # and the dashboard names the culprit from the hang alert.
+    rows = [row for sj in mon.shards.values() for chunk in sj.stats_chunks(113.0, S) for row in chunk]
+    assert {row["rank"]: row["state"] for row in rows} == {0: "waiting", 1: "waiting", 2: "waiting", 3: "waiting"}
     # progress resumes: resolved, same id
     feed_healthy(mon, 114.0, first=30, n=5)
     res = mon.scan(114.0, S)
