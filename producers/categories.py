@@ -1,10 +1,5 @@
-"""Event categories of a trace window and how a profiler event is put in one.
-
-Categories (``trace_events.category``), codes = index in :data:`CATEGORIES`:
-kernel, memcpy, memset, runtime (cuda/hip/xpu runtime and driver calls), cpu_op, collective
-(``c10d::*`` and ``record_param_comms`` CPU ops, ``gloo:*``/``nccl:*`` annotations, ``nccl*`` GPU
-kernels), python (python_function), annotation (user and GPU annotations, ``ProfilerStep#N``, other
-Kineto types such as overhead or instant events).
+"""Event categories of a trace window and how a profiler event is put in one (the names, the
+collective rules and element sizes are rankscope/taxonomy.py's, shared with the offline reader).
 """
 
 from __future__ import annotations
@@ -13,28 +8,21 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-CATEGORIES: tuple[str, ...] = ("kernel", "memcpy", "memset", "runtime", "cpu_op", "collective", "python",
-                               "annotation")
+from rankscope.taxonomy import CATEGORIES, RUNTIME_TYPES, dtype_bytes, is_collective_name, is_comm_kernel
+
 CAT = {c: i for i, c in enumerate(CATEGORIES)}
 KERNEL, MEMCPY, MEMSET, RUNTIME, CPU_OP, COLLECTIVE, PYTHON, ANNOTATION = range(len(CATEGORIES))
 # Device-side categories that count as useful GPU work for exclusive time.
 GPU_WORK = (KERNEL, MEMCPY, MEMSET, COLLECTIVE)
 
-RUNTIME_TYPES = frozenset({"cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver",
-                           "mtia_runtime", "xpu_runtime", "hip_runtime", "hip_driver"})
-COLLECTIVE_PREFIXES = ("c10d::", "gloo:", "nccl:")
 _NCCL_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
-_DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
-                "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "byte": 1, "uint8": 1,
-                "char": 1, "int8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complexfloat": 8,
-                "complexdouble": 16}
 _COLLECTIVE_META = {"Collective name": "op", "Process Group Name": "pg", "Process Group Description": "pg_desc",
                     "Group size": "group_size", "dtype": "dtype", "In msg nelems": "in_nelems",
                     "Out msg nelems": "out_nelems", "Seq": "seq", "Rank": "peer_rank"}
 
 
 def is_collective_cpu(name: str) -> bool:
-    return name.startswith(COLLECTIVE_PREFIXES) or name == "record_param_comms"
+    return is_collective_name(name)
 
 
 def classify(activity_type: str, name: str) -> int:
@@ -45,9 +33,9 @@ def classify(activity_type: str, name: str) -> int:
     if at == "python_function":
         return PYTHON
     if at == "user_annotation":
-        return COLLECTIVE if name.startswith(("gloo:", "nccl:")) else ANNOTATION
+        return COLLECTIVE if is_collective_name(name) else ANNOTATION
     if at == "kernel":
-        return COLLECTIVE if name.startswith("nccl") else KERNEL
+        return COLLECTIVE if is_comm_kernel(name) else KERNEL
     if at == "gpu_memcpy":
         return MEMCPY
     if at == "gpu_memset":
@@ -134,5 +122,5 @@ def _collective_bytes(meta: dict[str, Any], shapes: Sequence[Sequence[int]] | No
     if not isinstance(n, int) and shapes:
         n = _nelems(shapes)
         dtype = next((d for d in (dtypes or []) if d), dtype)
-    size = _DTYPE_BYTES.get(str(dtype).lower().replace("torch.", "")) if dtype else None
+    size = dtype_bytes(dtype) if dtype else None
     return int(n) * size if isinstance(n, int) and size else 0

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rankscope.stream_processors.analysis.replay import RUNTIME_TYPES
+from rankscope.taxonomy import GPU_WORK, RUNTIME_TYPES
 
 __all__ = ["folded_stacks", "kineto_trace", "merged_chrome_trace", "speedscope"]
 
@@ -34,7 +34,6 @@ _KINETO_ARG_KEYS = {
     "group_size": "Group size", "pg_name": "Process Group Name", "pg_desc": "Process Group Description",
     "pg_ranks": "Process Group Ranks",
 }
-_GPU_WORK = ("kernel", "memcpy", "memset")
 _NEED = ("name", "cat", "raw_cat", "ph", "ts_ns", "dur_ns", "pid", "tid", "stream", "correlation", "external_id")
 
 
@@ -89,7 +88,7 @@ def _events(events: pd.DataFrame, unit: str, pid_of: Any = None, flow_id: Any = 
     launches: dict[int, int] = {}
     gpu_rows: list[int] = []
     for i in range(n):
-        is_gpu = cats[i] in _GPU_WORK or raw[i] == "gpu_user_annotation"
+        is_gpu = cats[i] in GPU_WORK or raw[i] == "gpu_user_annotation"
         is_runtime = cats[i] == "runtime" or raw[i].lower() in RUNTIME_TYPES
         extra: dict[str, Any] = {}
         if py_id[i] >= 0:
@@ -110,7 +109,7 @@ def _events(events: pd.DataFrame, unit: str, pid_of: Any = None, flow_id: Any = 
         out.append(e)
         if is_runtime and corr[i] >= 0:
             launches[corr[i]] = len(out) - 1
-        elif cats[i] in _GPU_WORK and corr[i] >= 0:
+        elif cats[i] in GPU_WORK and corr[i] >= 0:
             gpu_rows.append(len(out) - 1)
     for k in gpu_rows:
         g = out[k]

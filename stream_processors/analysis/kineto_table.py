@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rankscope.taxonomy import CATEGORIES as TAXONOMY_CATEGORIES
+from rankscope.taxonomy import GPU_WORK, dtype_bytes, is_collective_name
+
 __all__ = ["CATEGORIES", "GPU_WORK_CATEGORIES", "events_frame"]
 
-CATEGORIES: tuple[str, ...] = (
-    "kernel", "memcpy", "memset", "runtime", "cpu_op", "python", "annotation", "collective", "other",
-)
-GPU_WORK_CATEGORIES: tuple[str, ...] = ("kernel", "memcpy", "memset")
+CATEGORIES: tuple[str, ...] = (*TAXONOMY_CATEGORIES, "other")
+GPU_WORK_CATEGORIES: tuple[str, ...] = GPU_WORK
 
 _BASE_CAT = {
     "kernel": "kernel",
@@ -36,11 +37,6 @@ _BASE_CAT = {
     "user_annotation": "annotation",
     "gpu_user_annotation": "annotation",
 }
-# Host-side events that are collectives: c10d / ProcessGroup ops, "nccl:all_reduce" style annotations.
-_CPU_COLLECTIVE_RE = re.compile(
-    r"^(record_param_comms$|c10d::|c10d_functional::|_c10d_functional::|ProcessGroup\w*::|"
-    r"(nccl|rccl|gloo|mpi|ucc|xccl|hccl):)"
-)
 _PROFILER_STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
 _TRAILING_INT_RE = re.compile(r"(-?\d+)\s*$")
 
@@ -55,12 +51,6 @@ _COLLECTIVE_ARG_KEYS = {
     "Process Group Name": "pg_name",
     "Process Group Description": "pg_desc",
     "Process Group Ranks": "pg_ranks",
-}
-_DTYPE_BYTES = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
-    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
-    "byte": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complexfloat": 8,
-    "complexdouble": 16,
 }
 
 def _to_int(v: Any, cache: dict[str, int]) -> int:
@@ -102,7 +92,7 @@ def _collective_args(args: Mapping[str, Any]) -> dict[str, Any] | None:
                 out["pg_ranks"] = parsed
         except json.JSONDecodeError:
             pass
-    size = _DTYPE_BYTES.get(str(out.get("dtype", "")).lower().replace("c10::", ""))
+    size = dtype_bytes(out.get("dtype", ""))
     if size:
         for k in ("in_msg", "out_msg"):
             n = out.get(f"{k}_nelems")
@@ -301,7 +291,7 @@ def _normalise_cats(names: pd.Categorical, raw: pd.Categorical, args: list[dict[
         dtype=object,
     )
     out = base[np.asarray(raw.codes)]  # code -1 (missing) maps to the trailing "other"
-    coll_name = np.array([bool(_CPU_COLLECTIVE_RE.match(n)) for n in names.categories] + [False])
+    coll_name = np.array([is_collective_name(n) for n in names.categories] + [False])
     is_coll = coll_name[np.asarray(names.codes)]
     host_side = np.isin(out, ("cpu_op", "annotation")) & (np.asarray(raw.astype(str)) != "gpu_user_annotation")
     has_coll_args = np.fromiter((a is not None for a in args), dtype=bool, count=len(args))

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rankscope.taxonomy import RUNTIME_TYPES
+
 __all__ = ["RUNTIME_TYPES", "epoch_base_ns", "event_dicts", "event_types", "skipped_count", "time_offsets_ns"]
 
-RUNTIME_TYPES = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "xpu_runtime",
-                           "privateuse1_runtime", "privateuse1_driver", "mtia_runtime"})
 _GPU_TYPES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
 # Reader's collective arg names (kineto._COLLECTIVE_ARG_KEYS) -> Kineto's own metadata keys.
 _META_KEYS = {
