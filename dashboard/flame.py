@@ -11,8 +11,8 @@ call its self time (its duration minus the time of the calls inside it); a node'
 time of its subtree, so callers that were not recorded (a lone ``a;b;c`` event) still add up.
 
 rankscope's own frames (its wrappers around torch.distributed calls, the tracer's step hooks; see
-:mod:`rankscope.own_frames`) are folded into the user's call that made them: they leave the paths,
-and their self time counts as the caller's.
+:mod:`rankscope.own_frames`) are folded into the user's call that made them by
+:func:`rankscope.own_frames.user_path`: they leave the paths, and their self time counts as the caller's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from rankscope.own_frames import is_own_frame
+from rankscope.own_frames import is_own_frame, user_path
 
 SEP = ";"
 ROOT = "all"
@@ -72,7 +72,7 @@ def call_paths(events: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"path": paths, "dur_ns": durs, "self_ns": [max(0, d - i) for d, i in zip(durs, inner,
                                                                                                   strict=True)]})
     out["folded"] = [bool(p) and is_own_frame(p[-1]) for p in out["path"]]
-    out["path"] = [tuple(n for n in p if not is_own_frame(n)) for p in out["path"]]
+    out["path"] = [user_path(p) for p in out["path"]]
     return out[out["path"].map(len) > 0].reset_index(drop=True)
 
 

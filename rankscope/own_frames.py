@@ -6,6 +6,11 @@ when its function is a wrapper (``_rankscope_*``) or its file is one of rankscop
 (producers, rankscope, stream_processors, storage, dashboard; the example job rankscope/demo is
 the user's code), matched on the package-relative path, so a user's ``storage/io.py`` is not hidden
 unless rankscope ships a ``storage/io.py`` too.
+
+Call paths (outermost frame first, ``"root;...;leaf"`` as strings) are folded by one rule, used by
+the flame graph, the folded-stack and speedscope exports and the report: :func:`user_path` leaves
+rankscope's frames out, so an own frame's time counts as the user's call that made it, and a user's
+frame called through a wrapper hangs under the user's caller.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 WRAPPER_PREFIX = "_rankscope_"
@@ -64,3 +70,19 @@ def is_own_frame(name: str) -> bool:
     files = own_files()
     parts = path.split("/")
     return any("/".join(parts[i:]) in files for i in range(max(0, len(parts) - 4), len(parts) - 1))
+
+
+def user_path(frames: Iterable[str]) -> tuple[str, ...]:
+    """The frames of a call path (outermost first) less rankscope's own: the path the user's time
+    is counted at. Empty when every frame is rankscope's."""
+    return tuple(f for f in frames if not is_own_frame(f))
+
+
+def fold_path(path: str, sep: str = ";") -> str:
+    """:func:`user_path` of a ``"root;...;leaf"`` string, joined again ("" when nothing is left)."""
+    return sep.join(user_path(f for f in path.split(sep) if f))
+
+
+def has_own_frame(path: str, sep: str = ";") -> bool:
+    """True when any frame of the ``"root;...;leaf"`` string ``path`` is rankscope's."""
+    return any(is_own_frame(f) for f in path.split(sep) if f)

@@ -9,7 +9,8 @@
   device, threads per host thread and stream), with the same launch -> kernel flow arrows.
 - :func:`folded_stacks` and :func:`speedscope`: Python call paths of window summaries (``rank,
   category, name, exclusive_ns``; ``name`` is ``root;...;leaf``) weighted by their self time, for
-  flame graph tools (``flamegraph.pl``, speedscope, inferno).
+  flame graph tools (``flamegraph.pl``, speedscope, inferno). rankscope's own frames are folded into
+  the user's call that made them, as in the flame graph (:func:`rankscope.own_frames.fold_path`).
 
 Times keep the source's unit in :func:`kineto_trace` (``time_unit``), so a reader sees the numbers
 the original held; the merged trace is in µs, as Chrome traces are.
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rankscope.own_frames import fold_path
 from rankscope.taxonomy import GPU_WORK, RUNTIME_TYPES
 
 __all__ = ["folded_stacks", "kineto_trace", "merged_chrome_trace", "speedscope"]
@@ -176,6 +178,8 @@ def _python_paths(functions: pd.DataFrame) -> pd.DataFrame:
     if need - set(functions.columns):
         raise ValueError(f"function summaries lack columns {sorted(need - set(functions.columns))}")
     py = functions[(functions["category"] == "python") & (functions["exclusive_ns"] > 0)]
+    py = py.assign(name=[fold_path(str(n)) for n in py["name"]])
+    py = py[py["name"] != ""]
     return py.groupby(["rank", "name"], as_index=False)["exclusive_ns"].sum()
 
 

@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rankscope.own_frames import has_own_frame
 from rankscope.stream_processors.analysis.outliers import flag_slow, peer_z
 
 GPU_CATS = ("kernel",)
 MEM_CATS = ("memcpy", "memset")
 COMPUTE_CATS = ("kernel", "cpu_op", "python", "memcpy", "memset", "runtime")
 BUSY_CATS = ("kernel", "cpu_op", "memcpy", "memset", "runtime")   # python self time is mostly waiting
-OWN_FRAMES = "producers/"   # rankscope's own threads and wrappers are not the user's functions
 THREAD_ROOT = "_bootstrap"  # threading.py(...): _bootstrap: the root frame of every non-main Python thread
 FLOOR = 0.01
 
@@ -180,13 +180,15 @@ def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, 
 
 
 def without_own_frames(summaries: pd.DataFrame) -> pd.DataFrame:
-    """Drop rankscope's own Python call paths (the tracer's threads and ``tracer.step()``).
+    """Drop the Python call paths that hold any of rankscope's own frames
+    (:func:`rankscope.own_frames.has_own_frame`: its threads, wrappers and ``tracer.step()``).
 
     The user's paths that enclose them keep their time: frames open across the whole window (the
     training loop) are compared as a share of the window in ``rank_causes``, where the tracer's
     time is the same on every rank; subtracting it would leave the loop's time small and noisy.
     """
-    is_own = (summaries["category"] == "python") & summaries["name"].astype(str).str.contains(OWN_FRAMES, regex=False)
+    py = summaries["category"] == "python"
+    is_own = py & summaries["name"].astype(str).map(has_own_frame).astype(bool)
     return summaries[~is_own].copy()
 
 

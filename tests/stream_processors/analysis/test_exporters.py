@@ -116,3 +116,19 @@ def test_folded_stacks_and_speedscope_of_call_paths() -> None:
     assert doc["profiles"][0]["samples"] == [[0, 1], [0, 1, 2]] and doc["profiles"][0]["weights"] == [2_000_000, 3_000_600]
     with pytest.raises(ValueError, match="lack columns"):
         folded_stacks(pd.DataFrame({"rank": [0]}))
+
+
+def test_exports_fold_rankscope_frames_into_the_users_caller() -> None:
+    wrapper = "producers/collectives.py(54): _rankscope_timed_collective"
+    torch_call = "torch/distributed/distributed_c10d.py(2000): all_reduce"
+    fn = pd.DataFrame({"rank": [0, 0, 0, 0], "category": ["python"] * 4,
+                       "name": ["main;train", f"main;train;{wrapper}", f"main;train;{wrapper};{torch_call}",
+                                "producers/tracer.py(1): step"],
+                       "exclusive_ns": [2_000_000, 1_000_000, 4_000_000, 5_000_000]})
+    folded = folded_stacks(fn)
+    assert folded == ("rank_0;main;train 3000\n"
+                      "rank_0;main;train;torch/distributed/distributed_c10d.py(2000):_all_reduce 4000\n")
+    doc = speedscope(fn)
+    assert [f["name"] for f in doc["shared"]["frames"]] == ["main", "train", torch_call]
+    assert doc["profiles"][0]["samples"] == [[0, 1], [0, 1, 2]]
+    assert doc["profiles"][0]["weights"] == [3_000_000, 4_000_000]

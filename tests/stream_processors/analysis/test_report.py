@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from rankscope.own_frames import is_own_frame
 from rankscope.report_view import render_markdown
 from rankscope.stream_processors.analysis.outliers import peer_z
 from rankscope.stream_processors.analysis.report import build_report, straggler_from_arrivals
@@ -135,3 +136,25 @@ def test_python_function_comes_before_the_ops_it_runs():
     df.loc[(df["rank"] == 2) & (df["name"] == "aten::mm"), "total_ns"] += 5_000_000   # op excess 35 ms > path 31 ms
     rep = build_report(df, job="j", window_id="w")
     assert rep["causes"][0]["leaf"] == "slow_extra_compute" and rep["causes"][1]["function"] == "aten::mm"
+
+
+def test_causes_hold_no_own_frames_and_keep_users_modules_named_like_rankscopes():
+    df = rows(slow_rank=2)
+    extra = []
+    for r in range(4):
+        slow = r == 2
+        extra += [
+            # rankscope's wrapper, bare and in an installed path, carries the slow rank's biggest excess
+            {"rank": r, "category": "python", "name": "main;train;_rankscope_timed_wait", "count": 10,
+             "total_ns": 5_000_000 + (45_000_000 if slow else 0), "exclusive_ns": 0, "window_ns": W},
+            {"rank": r, "category": "python",
+             "name": "main;train;site-packages/rankscope/producers/step_hooks.py(20): after_step", "count": 10,
+             "total_ns": 1_000_000 + (40_000_000 if slow else 0), "exclusive_ns": 0, "window_ns": W},
+            # the user's own package called producers: the user's code
+            {"rank": r, "category": "python", "name": "main;train;myjob/producers/loader.py(3): load_batch",
+             "count": 10, "total_ns": 2_000_000 + (35_000_000 if slow else 0), "exclusive_ns": 0, "window_ns": W},
+        ]
+    rep = build_report(pd.concat([df, pd.DataFrame(extra)], ignore_index=True), job="j", window_id="w")
+    names = [c["function"] for c in rep["causes"]]
+    assert names and not [n for n in names if any(is_own_frame(f) for f in n.split(";"))], names
+    assert "main;train;myjob/producers/loader.py(3): load_batch" in names, names
