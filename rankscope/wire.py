@@ -104,6 +104,11 @@ def decode(data: bytes | None) -> Envelope:
 
     Reasons: ``empty``, ``not_msgpack``, ``not_a_map``, ``missing_field``, ``bad_type``,
     ``unknown_version``, ``unknown_kind``, ``bad_body``.
+
+    A well-formed message of the high-rate kinds (``beat``, ``steps``, ``heartbeat``, ``hw``) is
+    accepted by exact type checks (:func:`_fast_envelope`); anything they do not accept goes through
+    the full checks, which accept or reject it with the reason. The fast checks accept a subset of
+    what the full checks accept, so both give the same answer for every message.
     """
     if not data:
         raise WireError("empty", "message has no payload")
@@ -111,6 +116,76 @@ def decode(data: bytes | None) -> Envelope:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as e:  # msgpack raises several unrelated types
         raise WireError("not_msgpack", f"{type(e).__name__}: {e}") from None
+    env = _fast_envelope(obj) if type(obj) is dict else None
+    return env if env is not None else _checked_envelope(obj)
+
+
+def _fast_envelope(obj: dict[str, Any]) -> Envelope | None:
+    """The envelope of a well-formed message of a high-rate kind, or None to take the full checks."""
+    try:
+        v, kind, job, rank, host = obj["v"], obj["kind"], obj["job"], obj["rank"], obj["host"]
+        pid, seq, sent_ns, body = obj["pid"], obj["seq"], obj["sent_ns"], obj["body"]
+    except KeyError:
+        return None
+    if not (type(v) is int and v in SUPPORTED_VERSIONS and type(kind) is str and type(job) is str and job
+            and type(rank) is int and type(host) is str and type(pid) is int and type(seq) is int
+            and type(sent_ns) is int and type(body) is dict and KIND_SINCE.get(kind, 1) <= v):
+        return None
+    check = _FAST_BODY_CHECKS.get(kind)
+    if check is None or not check(body):
+        return None
+    # Envelope's generated __init__ sets each field through object.__setattr__ (it is frozen), which
+    # costs more than the checks above; filling the instance dict gives the same object.
+    env = _new_object(Envelope)
+    env.__dict__.update(kind=kind, job=job, rank=rank, host=host, pid=pid, seq=seq, sent_ns=sent_ns, body=body, v=v)
+    return env
+
+
+_new_object = object.__new__
+
+
+def _fast_step_columns(b: dict[str, Any]) -> bool:
+    try:
+        cols = (b["step"], b["start_ns"], b["end_ns"], b["comm_ns"])
+    except KeyError:
+        return False
+    n = len(cols[0]) if type(cols[0]) is list else -1
+    for col in cols:
+        if type(col) is not list or len(col) != n:
+            return False
+        for x in col:
+            if type(x) is not int:
+                return False
+    return True
+
+
+def _fast_heartbeat_fields(b: dict[str, Any], step_field: str) -> bool:
+    try:
+        step, since, dropped = b[step_field], b["since_step_s"], b["dropped"]
+        world_size, local_rank, stacks = b["world_size"], b["local_rank"], b["stacks"]
+    except KeyError:
+        return False
+    ts = type(since)
+    return (type(step) is int and (ts is float or ts is int) and type(dropped) is int and type(world_size) is int
+            and type(local_rank) is int and stacks is None)   # stacks: the full checks look inside
+
+
+def _fast_hw(b: dict[str, Any]) -> bool:
+    try:
+        return type(b["ts_ns"]) is list and type(b["device"]) is list and type(b["metrics"]) is dict
+    except KeyError:
+        return False
+
+
+_FAST_BODY_CHECKS = {
+    "beat": lambda b: _fast_step_columns(b) and _fast_heartbeat_fields(b, "hb_step"),
+    "steps": _fast_step_columns,
+    "heartbeat": lambda b: _fast_heartbeat_fields(b, "step"),
+    "hw": _fast_hw,
+}
+
+
+def _checked_envelope(obj: Any) -> Envelope:
     if not isinstance(obj, dict):
         raise WireError("not_a_map", f"top level is {type(obj).__name__}")
     if "v" not in obj:
