@@ -1,4 +1,5 @@
-"""Trace-window export: stored trace events -> a Chrome / Perfetto trace (JSON object format). Pure.
+"""Stored trace events -> a Chrome / Perfetto trace (JSON object format). Pure; the dashboard's
+download and ``rankscope export`` write it.
 
 The output opens in https://ui.perfetto.dev and chrome://tracing: one process per rank
 (``pid`` = rank, named "rank N"), one thread per GPU stream or host thread, complete events
@@ -13,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-#: Columns :func:`chrome_trace` reads (as returned by ``queries.trace_events``); ``attrs`` is optional.
+#: Columns :func:`chrome_trace` reads (as returned by :func:`rankscope.storage.windows.trace_events`); ``attrs`` is optional.
 EVENT_COLUMNS = ("rank", "category", "name", "start_ns", "dur_ns", "device", "stream", "step", "bytes")
 
 

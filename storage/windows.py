@@ -1,4 +1,11 @@
-"""Trace windows: their ranks, their events and the ranks with Python events."""
+"""Trace windows in the store: the windows of a job, their ranks, their events, the ranks with Python
+events and the Python call paths of their summaries. Pure query functions over a
+:class:`~rankscope.storage.store.Store`, read by the dashboard's pages and ``rankscope export``.
+
+Each blocks until ClickHouse answers and raises :class:`~rankscope.storage.store.StoreError` on
+failure; values are bound as server-side parameters; an empty result is an empty DataFrame with the
+documented columns.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from rankscope.dashboard.queries.common import as_datetime, check_positive
-from rankscope.sql_guard import READONLY_STATEMENTS as READONLY_STATEMENTS
-from rankscope.sql_guard import SqlRefused as SqlRefused
-from rankscope.sql_guard import check_readonly_sql as check_readonly_sql
-from rankscope.sql_guard import readonly_settings as readonly_settings
-from rankscope.storage.readonly import SqlResult as SqlResult
-from rankscope.storage.readonly import run_readonly as run_readonly
+from rankscope.storage.frames import as_datetime, check_positive
 from rankscope.storage.store import Store
-from rankscope.storage.store import StoreError as StoreError
 
 # Trace windows --------------------------------------------------------------------------------------
 
@@ -121,3 +121,20 @@ def window_event_ranks(store: Store, job: str, window_id: str, category: str = "
         ORDER BY rank
     """
     return [int(r[0]) for r in store.query_rows(sql, {"job": job, "w": window_id, "c": category})]
+
+
+PYTHON_PATH_COLUMNS = ["rank", "category", "name", "exclusive_ns"]
+
+
+def window_python_paths(store: Store, job: str, window_id: str) -> pd.DataFrame:
+    """Python call paths of a window's summaries with their self time: :data:`PYTHON_PATH_COLUMNS`
+    (``name`` is ``root;...;leaf``), for the folded-stack and speedscope exports."""
+    db = store.database
+    sql = f"""
+        SELECT rank, toString(category) AS category, name, toInt64(sum(exclusive_ns)) AS exclusive_ns
+        FROM {db}.function_summaries FINAL
+        WHERE job = {{job:String}} AND window_id = {{w:String}} AND category = 'python'
+        GROUP BY rank, category, name ORDER BY rank, name
+    """
+    df = store.query_df(sql, {"job": job, "w": window_id})
+    return df if not df.empty else pd.DataFrame(columns=PYTHON_PATH_COLUMNS)

@@ -15,7 +15,8 @@ Contract shared by all functions here:
   user-written SQL runs: checked by :func:`check_readonly_sql` (rankscope/sql_guard.py), then run
   with ``readonly=1`` and result/time limits on a session of its own.
 
-No Streamlit here: the pages own caching and rendering.
+The trace-window queries live in storage/windows.py (``rankscope export`` reads them too) and are
+re-exported here. No Streamlit here: the pages own caching and rendering.
 """
 
 from __future__ import annotations
@@ -72,17 +73,6 @@ from rankscope.dashboard.queries.reports import (  # noqa: F401
     report_headline,
     report_sections,
     reports,
-    window_python_paths,
-)
-from rankscope.dashboard.queries.traces import (  # noqa: F401
-    EVENT_COLUMNS,
-    MAX_EVENTS,
-    WINDOW_RANKS_COLUMNS,
-    WINDOWS_COLUMNS,
-    trace_events,
-    trace_window_ranks,
-    trace_windows,
-    window_event_ranks,
 )
 from rankscope.sql_guard import (  # noqa: F401
     READONLY_STATEMENTS,
@@ -92,3 +82,15 @@ from rankscope.sql_guard import (  # noqa: F401
 )
 from rankscope.storage.readonly import SqlResult, run_readonly  # noqa: F401
 from rankscope.storage.store import StoreError  # noqa: F401
+from rankscope.storage.windows import (  # noqa: F401
+    EVENT_COLUMNS,
+    MAX_EVENTS,
+    PYTHON_PATH_COLUMNS,
+    WINDOW_RANKS_COLUMNS,
+    WINDOWS_COLUMNS,
+    trace_events,
+    trace_window_ranks,
+    trace_windows,
+    window_event_ranks,
+    window_python_paths,
+)

@@ -20,20 +20,6 @@ from rankscope.storage.store import StoreError as StoreError
 
 # Reports --------------------------------------------------------------------------------------------
 
-def window_python_paths(store: Store, job: str, window_id: str) -> pd.DataFrame:
-    """Python call paths of a window's summaries with their self time: ``rank, category, name,
-    exclusive_ns`` (``name`` is ``root;...;leaf``), for the folded-stack and speedscope exports."""
-    db = store.database
-    sql = f"""
-        SELECT rank, toString(category) AS category, name, toInt64(sum(exclusive_ns)) AS exclusive_ns
-        FROM {db}.function_summaries FINAL
-        WHERE job = {{job:String}} AND window_id = {{w:String}} AND category = 'python'
-        GROUP BY rank, category, name ORDER BY rank, name
-    """
-    df = store.query_df(sql, {"job": job, "w": window_id})
-    return df if not df.empty else pd.DataFrame(columns=["rank", "category", "name", "exclusive_ns"])
-
-
 REPORTS_COLUMNS = ["job", "window_id", "created", "created_ns", "body"]
 
 

@@ -8,7 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from rankscope.config import Settings
-from rankscope.dashboard import control, export, flame, queries, ui
+from rankscope.dashboard import control, flame, queries, ui
+from rankscope.storage.chrome_trace import chrome_trace_json
 from rankscope.storage.store import StoreError
 
 ACK_BADGE = {"accepted": ":green-badge[accepted]", "queued": ":blue-badge[queued]", "done": ":green-badge[done]",
@@ -152,7 +153,7 @@ def window_detail(cfg: Settings, job: str) -> None:
 
 
 def _trace_json(store, job: str, window_id: str) -> bytes:
-    return export.chrome_trace_json(queries.trace_events(store, job, window_id), job=job, window_id=window_id)
+    return chrome_trace_json(queries.trace_events(store, job, window_id), job=job, window_id=window_id)
 
 
 def icicle_chart(ice: pd.DataFrame, unit: str) -> None:

@@ -1,8 +1,8 @@
 """``rankscope export --job J --window W [-o trace.json]``: a stored trace window as a Chrome /
 Perfetto trace (the dashboard's "Trace windows" download, from the command line).
 
-Reads the window's ``trace_events`` from the store (``dashboard/queries/traces.py``) and writes
-``dashboard/export.py``'s JSON. While ``rankscope serve`` (or ``up``) holds the embedded store, the
+Reads the window's ``trace_events`` from the store (``storage/windows.py``) and writes
+``storage/chrome_trace.py``'s JSON. While ``rankscope serve`` (or ``up``) holds the embedded store, the
 reads go through serve's loopback query endpoint (``storage/query_endpoint.py``); a ClickHouse
 server DSN is read directly. ``--window`` is a window id or a request id (prefix): the newest
 matching window is taken. Exit status: 0 written; 1 store unavailable or no such window;
@@ -46,9 +46,9 @@ def _err(msg: str, rc: int) -> int:
 
 def resolve_window(store: object, job: str, window: str) -> str | None:
     """``window`` itself if the job has a window with that id, else the newest whose id starts with it."""
-    from rankscope.dashboard import queries
+    from rankscope.storage.windows import trace_windows
 
-    wins = queries.trace_windows(store, job, limit=10_000)  # newest first
+    wins = trace_windows(store, job, limit=10_000)  # newest first
     ids = [str(w) for w in wins["window_id"]] if not wins.empty else []
     if window in ids:
         return window
@@ -69,9 +69,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.limit < 0:
         return _err(f"--limit must be >= 0, got {args.limit}", 2)
 
-    from rankscope.dashboard import export, queries
+    from rankscope.storage.chrome_trace import chrome_trace_json
     from rankscope.storage.query_endpoint import open_read_store
     from rankscope.storage.store import StoreError, StoreLocked
+    from rankscope.storage.windows import MAX_EVENTS, trace_events
 
     try:
         store, release = open_read_store(settings.store_dsn, settings.data_dir)
@@ -82,8 +83,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return _err(str(e), 1)
     try:
         window_id = resolve_window(store, args.job, args.window) or args.window
-        limit = args.limit or queries.MAX_EVENTS
-        events = queries.trace_events(store, args.job, window_id, ranks=ranks, limit=limit)
+        limit = args.limit or MAX_EVENTS
+        events = trace_events(store, args.job, window_id, ranks=ranks, limit=limit)
     except StoreError as e:
         return _err(str(e), 1)
     finally:
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return _err(f"no stored trace events for job {args.job!r} window {args.window!r}"
                     + (f" ranks {ranks}" if ranks is not None else "")
                     + " (list windows on the dashboard's Trace windows page)", 1)
-    data = export.chrome_trace_json(events, job=args.job, window_id=window_id)
+    data = chrome_trace_json(events, job=args.job, window_id=window_id)
     out = args.output or f"{window_id}.trace.json"
     if out == "-":
         sys.stdout.buffer.write(data + b"\n")

@@ -73,9 +73,9 @@ def run_format(args: argparse.Namespace, settings: Settings) -> int | None:
 
 def _stored(args: argparse.Namespace, settings: Settings) -> int:
     from rankscope.commands.export import LOCKED_HINT, resolve_window
-    from rankscope.dashboard import queries
     from rankscope.storage.query_endpoint import open_read_store
     from rankscope.storage.store import StoreError, StoreLocked
+    from rankscope.storage.windows import window_python_paths
 
     try:
         store, release = open_read_store(settings.store_dsn, settings.data_dir)   # serve's endpoint while it runs
@@ -86,7 +86,7 @@ def _stored(args: argparse.Namespace, settings: Settings) -> int:
         return _err(str(e), 1)
     try:
         window_id = resolve_window(store, args.job, args.window) or args.window
-        fn = queries.window_python_paths(store, args.job, window_id)
+        fn = window_python_paths(store, args.job, window_id)
     except StoreError as e:
         return _err(str(e), 1)
     finally:
