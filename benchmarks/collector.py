@@ -50,9 +50,8 @@ def _train_step(model: torch.nn.Module, x: torch.Tensor) -> None:
 
 def _window_job(settings: Settings, size: int, repeats: int, wait_ms: float = 0.0, tries: int = 3) -> dict[str, Any]:
     """The job's result, after up to ``tries`` runs; every failure is kept in the result's
-    ``failures`` (the job log's tail) and counted in the table, not hidden. (Until stop 11 a rank died
-    with SIGSEGV about once in 6-10 jobs: the DDP comm hook's callbacks on gloo's thread raced
-    torch.profiler's stop, see producers/collectives.py; none in 8 jobs since.)"""
+    ``failures`` (the job log's tail) and counted in the table, not hidden: a job whose rank crashed
+    shows up here rather than as a missing row."""
     failures: list[str] = []
     for _ in range(tries):
         try:

@@ -3,8 +3,8 @@ hardware sampling, control listener, collective timing, ``watch_ddp``) against w
 
 A 2-rank torchrun (gloo) DDP job (benchmarks/always_on_job.py) alternates blocks of steps with a
 fresh tracer and with none, against a live local broker warmed up first (as a long-running broker
-is). Until stop 12 separate jobs were compared, and their ±10% job-to-job noise on 2 shared cores
-hid a 0.5% target entirely (0.97-1.10). Reported:
+is). One job holds both arms because the job-to-job noise of separate jobs (±10% on 2 shared
+cores) would hide a 0.5% target entirely. Reported:
 
 - ``overhead_ratio``: the median over repeats of the per-repeat step-time ratio on/off, which on
   this host includes the co-located broker's work for the tracer's messages;

@@ -174,7 +174,7 @@ class ControlListener:
         try:
             env = decode(payload)
             if env.kind in ("ack", "flight"):
-                return  # replies of ranks from before the replies topic (stop 11): not commands
+                return  # replies that older ranks send on the control topic: not commands
             if env.kind != "control":
                 raise WireError("bad_body", f"kind {env.kind!r} on the control topic")
         except WireError as e:

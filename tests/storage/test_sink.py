@@ -387,7 +387,7 @@ def test_sink_stores_valid_records_and_dead_letters_the_rest(sink_settings: Sett
         if bad:
             target.append(bad.pop(0))
     phase2 += bad
-    # Replies topic (and the control topic, where ranks before stop 11 sent them): flight records are
+    # Replies topic (and the control topic, where older ranks send them): flight records are
     # stored, commands and acks are not, a bad flight record is dead-lettered.
     phase2 += [(Topic.REPLIES, key, flight_msg(1, 1000, T0 + 10**12, [[298, T0, T0 + 8, 3], [299, T0 + 9, T0 + 17, 3]])),
                (Topic.CONTROL, key, encode(env("control", {"command": "flight", "request_id": "flight-1", "ranks": None,
