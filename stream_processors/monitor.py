@@ -182,21 +182,28 @@ class JobMonitor:
             return []
         dead = self.dead_ranks(view, now_s, settings)
         out = self._hang_rule(view, now_s, settings, set(dead))
-        out += self._dead_rule(view, now_s, dead)
+        failed = self.incidents.get("rank_failed")
+        if not (dead and failed is not None and set(dead) <= set(failed["ranks"]) and "dead_rank" not in self.incidents):
+            out += self._dead_rule(view, now_s, dead)   # else the rank_failed incident already names them
         out += self.slow.evaluate(self, view, now_s, settings, set(dead))
         out += self._failure_rule(view, now_s, settings)
         return out
 
     def _failure_rule(self, view: JobView, now_s: float, settings: Settings) -> list[Alert]:
-        """rank_failed: the first rank to exit with an exception, once its peers had time to fail too."""
-        verdict = failures.attribute(view.failures)
+        """rank_failed: the first rank to fail (stream_processors/failures.py), once its peers had time
+        to fail too and every rank that may have gone silent before them is known to have or not."""
+        first_ns = view.failures[0].exit_ns if view.failures else 0
+        silent, pending = failures.silent_ranks(view.rows.values(), first_ns, now_s, settings)
+        verdict = failures.attribute(view.failures, silent)
         cur = self.incidents.get("rank_failed")
         if verdict is None:
-            if cur is not None and cur["ranks"] and cur["ranks"][0] in view.rows \
-                    and not view.rows[cur["ranks"][0]].exit_reason:
+            row = view.rows.get(cur["ranks"][0]) if cur is not None and cur["ranks"] else None
+            if row is not None and not row.exit_reason and row.hb_ns > cur["details"].get("failed_ns", 0):
                 return self._resolve("rank_failed", now_s, "the failed rank is running again")
             return []
-        if cur is None and now_s - verdict.culprit.exit_ns / 1e9 < failures.grace_s(settings):
+        if cur is None and (now_s - max(verdict.culprit.exit_ns, first_ns) / 1e9 < failures.grace_s(settings)
+                            or (pending and verdict.culprit.reason == "exception"
+                                and failures.is_peer_error(verdict.culprit))):
             return []
         summary, groups, details = failures.alert_fields(self.job, verdict)
         return self._open_or_update("rank_failed", now_s, [verdict.culprit.rank], failures.failing_step(verdict.culprit),

@@ -39,8 +39,13 @@ def exit_exc(rank, step, sent_s, detail, exc_type="", frames=None):
     return env("exit", rank, body, sent_s)
 
 
-def exit_signal(rank, step, sent_s):
-    return env("exit", rank, {"step": step, "reason": "signal", "detail": "SIGTERM"}, sent_s)
+def exit_signal(rank, step, sent_s, name="SIGTERM"):
+    return env("exit", rank, {"step": step, "reason": "signal", "detail": name}, sent_s)
+
+
+def heartbeat(rank, step, sent_s):
+    return env("heartbeat", rank, {"step": step, "since_step_s": 0.2, "dropped": 0, "world_size": 4,
+                                   "local_rank": rank, "stacks": None}, sent_s)
 
 
 def run_job(mon, t0, steps=40):
@@ -135,10 +140,63 @@ def test_hang_whose_culprit_crashed_says_so():
     assert "which crashed" in hangs[0].summary and "device-side assert" in hangs[0].summary
 
 
+def test_killed_rank_with_no_exit_record_is_the_culprit_and_peers_with_connection_errors_follow():
+    mon = TwoStage(job="j")
+    run_job(mon, 100.0)
+    # rank 2 is SIGKILLed after step 39 (OOM killer): nothing more from it. Its peers beat once more,
+    # then their all_reduce sees the connection close; the first of them fails before rank 2 looks silent.
+    for r in (0, 1, 3):
+        mon.apply(heartbeat(r, 39, 100.3), 100.3, S)
+    mon.apply(exit_exc(0, 39, 100.6, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                       "Connection closed by peer [127.0.0.1]:29500", "RuntimeError"), 100.7, S)
+    mon.apply(exit_exc(1, 39, 100.7, "DistBackendError: Connection reset by peer", "DistBackendError"), 100.8, S)
+    mon.apply(exit_exc(3, 39, 100.8, "RuntimeError: Connection closed by peer", "RuntimeError"), 100.9, S)
+    early = [a for t in range(101, 106) for a in mon.scan(float(t), S) if a.kind == "rank_failed"]
+    assert early == []            # rank 2 may still speak: no follower is named in its place
+    alerts = [a for t in range(106, 140) for a in mon.scan(float(t), S)]
+    failed = [a for a in alerts if a.kind == "rank_failed"]
+    assert [a.status for a in failed] == ["open"], [a.summary for a in failed]
+    a = failed[0]
+    assert a.ranks == [2] and a.step == 40 and a.severity == "critical"
+    assert a.details["reason"] == "silent" and a.details["ended"] == "silent: no exit record"
+    assert a.details["followers"] == [0, 1, 3] and a.details["follower_count"] == 3
+    assert a.details["frames"] == [] and a.stack_groups == []
+    assert "rank 2 failed first, in step 40: silent: no exit record" in a.summary
+    assert "3 ranks failed after it" in a.summary
+    assert any("Connection closed by peer" in e for e in a.details["follower_errors"])
+    assert [a for a in alerts if a.kind == "dead_rank"] == []   # one alert for one death
+
+
+def test_rank_that_died_on_sigsegv_is_the_culprit_and_peers_follow():
+    mon = TwoStage(job="j")
+    run_job(mon, 100.0)
+    mon.apply(exit_exc(0, 39, 100.4, "RuntimeError: Connection closed by peer", "RuntimeError"), 101.0, S)
+    mon.apply(exit_signal(1, 39, 100.5, "SIGSEGV"), 101.0, S)      # its record arrives with the others
+    mon.apply(exit_exc(3, 39, 100.6, "DistNetworkError: Broken pipe", "DistNetworkError"), 101.0, S)
+    mon.apply(exit_signal(2, 39, 100.9), 101.0, S)                 # the launcher stops the last one
+    failed = [a for t in range(101, 112) for a in mon.scan(float(t), S) if a.kind == "rank_failed"]
+    assert [a.status for a in failed] == ["open"], [a.summary for a in failed]
+    a = failed[0]
+    assert a.ranks == [1] and a.step == 40
+    assert a.details["reason"] == "signal" and a.details["ended"] == "SIGSEGV"
+    assert a.details["followers"] == [0, 3, 2] and a.details["follower_count"] == 3
+    assert "rank 1 failed first, in step 40: signal SIGSEGV" in a.summary
+
+
+def test_a_rank_that_stopped_on_sigterm_before_a_silent_one_is_a_follower():
+    mon = TwoStage(job="j")
+    run_job(mon, 100.0)
+    for r in (0, 1, 2):    # rank 3 is killed; the launcher then stops the others with SIGTERM
+        mon.apply(exit_signal(r, 39, 101.0 + r / 10), 101.5, S)
+    failed = [a for t in range(102, 112) for a in mon.scan(float(t), S) if a.kind == "rank_failed"]
+    assert [(a.status, a.ranks, a.details["followers"]) for a in failed] == [("open", [3], [0, 1, 2])]
+
+
 def test_is_peer_error():
     def f(reason, exc_type, detail):
         return Failure(0, "h", 1, 0, 0, reason, exc_type, detail, [])
-    assert is_peer_error(f("signal", "", "SIGTERM"))
+    assert is_peer_error(f("signal", "", "SIGTERM")) and is_peer_error(f("signal", "", "SIGINT"))
+    assert not is_peer_error(f("signal", "", "SIGSEGV")) and not is_peer_error(f("signal", "", "signal SIGKILL (9)"))
     assert is_peer_error(f("exception", "RuntimeError", "[gloo] Connection closed by peer [10.0.0.2]:1234"))
     assert not is_peer_error(f("exception", "ValueError", "bad shape"))
     assert attribute([f("signal", "", "SIGTERM")]) is None
