@@ -9,11 +9,11 @@ Everything is synchronous and driven by ``now_s``, so tests replay scenarios wit
 from __future__ import annotations
 
 import heapq
-import statistics
 from typing import Any
 
 from rankscope.config import Settings
 from rankscope.rank_states import DEAD, RUNNING, WAITING, exited_state
+from rankscope.stream_processors.analysis.outliers import peer_z
 from rankscope.stream_processors.arrivals import ShardArrivals
 from rankscope.stream_processors.rank_state import RankState, fold
 from rankscope.stream_processors.stacks import main_stack, signature, waiting_in_collective
@@ -206,16 +206,13 @@ class ShardJob:
 
 
 def busy_z_scores(busy: dict[int, int]) -> dict[int, float]:
-    """Robust z of each rank's median busy time against this shard's ranks: (v - median) / (1.4826 MAD),
-    the scale floored at 5% of the median. Ranks spread over shards by rank, so a shard's ranks are
+    """Robust z of each rank's median busy time against this shard's other ranks
+    (:func:`~rankscope.stream_processors.analysis.outliers.peer_z`, the report's and the slow-rank
+    rule's statistic); empty below 3 ranks. Ranks spread over shards by rank, so a shard's ranks are
     a sample of the job's; the slow-rank rule itself judges against the whole job (monitor.py)."""
     if len(busy) < 3:
         return {}
-    vals = sorted(busy.values())
-    med = statistics.median(vals)
-    mad = statistics.median(abs(v - med) for v in vals)
-    scale = max(1.4826 * mad, 0.05 * med, 1000.0)
-    return {r: (v - med) / scale for r, v in busy.items()}
+    return {r: pz.z for r, pz in peer_z({r: float(v) for r, v in busy.items()}).items()}
 
 
 def _within_bound(summary: ShardSummary) -> ShardSummary:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.last_arrivals import Step, enter_share, horizon_stats
+from rankscope.stream_processors.analysis.outliers import flag_slow
 from rankscope.stream_processors.arrivals import ArrivalLedger, parse_arrivals
 from rankscope.stream_processors.job_view import JobView
 from rankscope.stream_processors.summary import ShardSummary, hist_quantile
@@ -176,36 +177,10 @@ class SlowRule:
 
 
 def slow_ranks(medians: dict[int, float], z_min: float, min_rel: float) -> dict[int, tuple[float, bool]]:
-    """Each rank's robust z of busy time against its peers, and whether it is flagged: ``(z, flagged)``.
+    """Each rank's robust z of busy time (ns) against its peers, and whether it is flagged: ``(z, flagged)``.
 
-    The baseline of a rank is the median of the *other* ranks, and the scale 1.4826 x their MAD
-    (floored at 5% of that median): a slow rank must not move its own baseline, or in a small job
-    it hides inside the spread it causes. Flagged: z > ``z_min`` and more than ``min_rel`` above
-    the baseline. O(n log n): removing one value moves a sorted list's median by at most one place."""
-    order = sorted(medians, key=lambda r: medians[r])
-    vals = [medians[r] for r in order]
-    if len(vals) < 2:
-        return {r: (0.0, False) for r in order}
-    out: dict[int, tuple[float, bool]] = {}
-    deviations: dict[float, tuple[list[float], dict[int, int]]] = {}   # per baseline: sorted |v - base|, places
-    for p, r in enumerate(order):
-        base = _median_without(vals, p)
-        if base not in deviations:        # at most 3 distinct baselines
-            devs = sorted((abs(v - base), i) for i, v in enumerate(vals))
-            deviations[base] = ([d for d, _ in devs], {i: k for k, (_, i) in enumerate(devs)})
-        devs_sorted, place = deviations[base]
-        mad = _median_without(devs_sorted, place[p])
-        scale = max(1.4826 * mad, 0.05 * base, 1000.0)
-        z = (vals[p] - base) / scale
-        out[r] = (z, z > z_min and vals[p] > base * (1 + min_rel))
-    return out
-
-
-def _median_without(sorted_vals: list[float], pos: int) -> float:
-    """Median of ``sorted_vals`` (at least 2) without the value at ``pos``."""
-    m = len(sorted_vals) - 1
-
-    def at(k: int) -> float:
-        return sorted_vals[k] if k < pos else sorted_vals[k + 1]
-
-    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
+    The slow-worker test of the diagnosis report (:func:`~rankscope.stream_processors.analysis.outliers.flag_slow`):
+    the baseline of a rank is the median of the *other* ranks, so a slow rank does not move its own
+    baseline (in a small job it would hide inside the spread it causes). Flagged: z > ``z_min`` and
+    more than ``min_rel`` above the baseline."""
+    return flag_slow(medians, z_min, min_rel)

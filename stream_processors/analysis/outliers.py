@@ -1,7 +1,8 @@
 """The one slow-worker statistic: each worker's robust z against its peers (leave-one-out).
 
-Used by the diagnosis report (``report.py``: slow workers and abnormal workers of every section)
-and meant for the live slow-rank rule as well, so that a rank the live rule calls slow and a rank a
+Used by the diagnosis report (``report.py``: slow workers and abnormal workers of every section),
+by the live slow-rank rule (``slow_rule.py``: the busy-time evidence of its alerts) and by stage
+one's per-rank ``busy_z`` (``shard.py``), so that a rank the live rule calls slow and a rank a
 report calls slow are judged by the same number. Pure, no pandas needed.
 
 Definition, for worker ``r`` with value ``v_r`` among values ``V``:
