@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from rankscope.wire import WireError
+
 I64 = (-(2**63), 2**63 - 1)
 I32 = (-(2**31), 2**31 - 1)
 U32 = (0, 2**32 - 1)
@@ -40,13 +42,10 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
 TABLE_ORDER = (*TABLE_COLUMNS, "ranks", "jobs")
 
 
-class InvalidMessage(Exception):
-    """A message the sink cannot store. ``reason`` is the short code written to the dead letter."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
+class InvalidMessage(WireError):
+    """A message the sink cannot store: a :class:`~rankscope.wire.WireError` found past ``decode``
+    (a value out of its column's range, a bad report or alert). ``reason`` is the short code written
+    to the dead letter, ``detail`` what was wrong."""
 
 
 def int_field(value: Any, name: str, bounds: tuple[int, int] = I64) -> int:
