@@ -126,34 +126,55 @@ def test_a_hang_in_a_dataset_getitem_is_named_with_that_frame(stack: Stack) -> N
         reader.close()
 
 
+def drain(reader: TopicReader, timeout_s: float) -> None:
+    """Poll ``reader`` until it has read every message its topic held when this was called."""
+    consumer = reader.consumer
+    parts = wait_until(lambda: (reader.poll(0.5), consumer.assignment())[1], timeout_s, "partitions assigned")
+    ends = {(p.topic, p.partition): consumer.get_watermark_offsets(p, timeout=10) for p in parts}
+
+    def caught_up() -> bool:
+        reader.poll(0.5)
+        return all(lo == hi or p.offset >= hi
+                   for p in consumer.position(parts) for lo, hi in [ends[(p.topic, p.partition)]])
+
+    wait_until(caught_up, timeout_s, "the end of the topic")
+
+
 def test_a_healthy_run_stays_silent_and_counts_one_step_per_iteration(stack: Stack) -> None:
     settings, store, work = stack
     job = f"attach-ok-{uuid.uuid4().hex[:6]}"
     log = work / f"{job}.log"
-    proc = run_job(settings, job, log, "--steps", "200")
-    assert proc.wait(300) == 0, tail(log)
+    # At least 1,500 steps and 30 s of stored steps (31 s: step 0, the start-up, has no record).
+    proc = run_job(settings, job, log, "--steps", "1501", "--min-seconds", "31")
+    assert proc.wait(900) == 0, tail(log)
     stats = TopicReader(settings, Topic.STATS)
     alerts = AlertReader(settings)
 
-    def all_exited() -> bool:
+    def all_exited() -> dict[int, int] | None:
         stats.poll(1.0)
-        got: dict[int, object] = {}
+        got: dict[int, tuple[str, int]] = {}
         for v in stats.values:
             env = decode(v)
             if env.job == job:
-                got.update({r["rank"]: r["state"] for r in env.body["ranks"]})
-        return got == {0: "exited", 1: "exited", 2: "exited", 3: "exited"}
+                got.update({r["rank"]: (r["state"], r["step"]) for r in env.body["ranks"]})
+        done = sorted(got) == [0, 1, 2, 3] and all(state == "exited" for state, _ in got.values())
+        return {r: step for r, (_, step) in got.items()} if done else None
 
-    wait_until(all_exited, 120, "processors to see all four ranks exit")
-    alerts.poll(3.0)
+    last = wait_until(all_exited, 120, "processors to see all four ranks exit")
+    final = last[0]
+    assert set(last.values()) == {final} and final >= 1500, last      # the ranks agreed on the last step
+    drain(alerts, 120)
     assert alerts.alerts(job) == [], [a.summary for a in alerts.alerts(job)]
     # Two optimizers step per iteration, one step is counted; step 0 (start-up) has no record.
     def stored() -> tuple | None:
-        row = tuple(store.query_rows("SELECT count(), min(step), max(step), uniqExact(rank) FROM rankscope.steps "
+        row = tuple(store.query_rows("SELECT count(), min(step), max(step), uniqExact(rank), "
+                                     "(max(end_ns) - min(start_ns)) / 1e9 FROM rankscope.steps "
                                      "FINAL WHERE job = {job:String}", parameters={"job": job})[0])
-        return row if row[0] >= 4 * 199 else None
+        return row if row[0] >= 4 * final else None
 
-    assert wait_until(stored, 120, "796 step rows in ClickHouse") == (4 * 199, 1, 199, 4)
+    count, first, top, ranks, seconds = wait_until(stored, 120, f"{4 * final} step rows in ClickHouse")
+    assert (count, first, top, ranks) == (4 * final, 1, final, 4)
+    assert seconds >= 30, seconds
     exits = store.query_rows("SELECT rank, exit_reason FROM rankscope.ranks FINAL WHERE job = {job:String} ORDER BY rank",
                              parameters={"job": job})
     assert [tuple(r) for r in exits] == [(r, "completed") for r in range(4)]

@@ -4,13 +4,18 @@
 
 Options plant one fault: ``--slow-rank`` runs the forward pass ``--slow-factor`` times on that rank;
 ``--hang-rank``/``--hang-at-index`` make the Dataset's ``__getitem__`` block on that rank at that index;
-``--crash-rank``/``--crash-at-step`` raise at that step. Two optimizers (one per half of the model)
-each step once per iteration.
+``--crash-rank``/``--crash-at-step`` raise at that step; ``--kill-rank``/``--kill-at-step`` SIGKILL
+that rank's own process at that step, as the OOM killer would. ``--min-seconds`` goes on past
+``--steps`` until that many seconds have passed; the ranks agree on the last step through an
+all_reduce. Two optimizers (one per half of the model) each step once per iteration.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
+import signal
 import sys
 import time
 
@@ -53,7 +58,12 @@ def main() -> int:
     p.add_argument("--hang-at-index", type=int, default=-1)
     p.add_argument("--crash-rank", type=int, default=-1)
     p.add_argument("--crash-at-step", type=int, default=-1)
+    p.add_argument("--kill-rank", type=int, default=-1)
+    p.add_argument("--kill-at-step", type=int, default=-1)
+    p.add_argument("--min-seconds", type=float, default=0.0)
     args = p.parse_args()
+    if args.min_seconds < 0:
+        p.error(f"--min-seconds must be >= 0, got {args.min_seconds}")
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -65,11 +75,20 @@ def main() -> int:
     params = list(model.parameters())
     opts = [torch.optim.SGD(params[: len(params) // 2], lr=1e-3), torch.optim.SGD(params[len(params) // 2:], lr=1e-3)]
     hang_at = args.hang_at_index if rank == args.hang_rank else -1
-    loader = DataLoader(Samples(args.steps * args.batch, args.size, hang_at), batch_size=args.batch, num_workers=0)
+    n = args.steps * args.batch
+    loader = DataLoader(Samples(n, args.size, hang_at), batch_size=args.batch, num_workers=0)
+    epochs = itertools.count() if args.min_seconds else range(1)
+    batches = (x for _ in epochs for x in loader)
     reps = args.slow_factor if rank == args.slow_rank else 1
-    for step, x in enumerate(loader):
+    t_first = time.monotonic()
+    done = torch.zeros(1)
+    iterations = 0
+    for step, x in enumerate(batches):
         if rank == args.crash_rank and step == args.crash_at_step:
             raise StepFailed(f"rank {rank}: planted failure at step {step}")
+        if rank == args.kill_rank and step == args.kill_at_step:
+            print(f"rank {rank}: SIGKILL at step {step}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         out = x
         for _ in range(reps):
             out = model(out)
@@ -79,6 +98,16 @@ def main() -> int:
         loss.backward()
         for o in opts:
             o.step()
+        iterations = step + 1
+        if args.min_seconds:
+            # How many ranks have done --steps and --min-seconds; the sum is the same on every rank,
+            # so all of them stop after the same step.
+            done[0] = float(step + 1 >= args.steps and time.monotonic() - t_first >= args.min_seconds)
+            dist.all_reduce(done)
+            if done.item() > 0:
+                break
+    if rank == 0:
+        print(f"rank 0: done after {iterations} iterations in {time.monotonic() - t_first:.1f}s", file=sys.stderr, flush=True)
     # Free DDP (its reducer holds gloo work) while Python is fully alive, then leave the group.
     del model, opts
     dist.barrier()
