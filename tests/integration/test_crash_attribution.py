@@ -1,12 +1,15 @@
-"""A rank that raises ends the job: one rank_failed alert names it, its exception and its traceback.
+"""A rank that fails ends the job: one rank_failed alert names it and how it ended.
 
 Real torchrun ranks (gloo) -> real Kafka -> processors -> alerts topic and chDB. Rank 2 raises a
-RuntimeError at step 40 while its peers wait for it in all_reduce; they fail after it (the
-connection closes, or the launcher stops them), and must be listed as followers, not culprits.
+RuntimeError at step 40, or SIGKILLs itself there (as the OOM killer would: no exit record), while
+its peers wait for it in all_reduce; they fail after it (the connection closes, or the launcher
+stops them), and must be listed as followers, not culprits.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -14,10 +17,21 @@ import pytest
 
 from rankscope.config import Settings
 from rankscope.storage.store import Store
-from tests.integration.helpers import AlertReader, start_job, stop_process, tail, wait_until
+from tests.integration.helpers import (
+    REPO,
+    AlertReader,
+    child_env,
+    free_port,
+    start_job,
+    stop_process,
+    tail,
+    wait_until,
+)
 from tests.integration.test_end_to_end import pipeline  # noqa: F401  (the module's stack)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.torchrun]
+
+PLAIN_DDP = Path(__file__).resolve().parent / "scripts" / "plain_ddp.py"
 
 
 def test_raised_exception_gives_one_rank_failed_alert(pipeline: tuple[Settings, Store, Path]) -> None:  # noqa: F811
@@ -45,6 +59,43 @@ def test_raised_exception_gives_one_rank_failed_alert(pipeline: tuple[Settings, 
         assert {a.alert_id for a in mine} == {alert.alert_id}
         assert [a.status for a in mine].count("open") == 1
         # The stored copy answers SQL the same way.
+        rows = wait_until(lambda: store.query_rows(
+            "SELECT ranks, kind FROM rankscope.alerts FINAL WHERE job = {job:String} AND kind = 'rank_failed'",
+            parameters={"job": job}), 60, "the rank_failed alert in chDB")
+        assert rows[0][0] == [2]
+    finally:
+        stop_process(proc)
+        reader.close()
+
+
+def test_a_rank_killed_by_sigkill_is_named_and_its_peers_follow(pipeline: tuple[Settings, Store, Path]) -> None:  # noqa: F811
+    settings, store, work = pipeline
+    job = f"kill-{uuid.uuid4().hex[:6]}"
+    log = work / f"{job}.log"
+    reader = AlertReader(settings)
+    cmd = [sys.executable, "-m", "rankscope", "run", "--job-id", job, "--",
+           sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), str(PLAIN_DDP), "--steps", "100000", "--kill-rank", "2",
+           "--kill-at-step", "40"]
+    proc = subprocess.Popen(cmd, env=child_env(settings), cwd=REPO, stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert wait_until(lambda: proc.poll() is not None, 180, "the job to end after the kill"), tail(log)
+        assert proc.returncode != 0 and "rank 2: SIGKILL at step 40" in log.read_text(errors="replace"), tail(log)
+        alert = reader.wait_for(lambda a: a.job == job and a.kind == "rank_failed", 120, "rank_failed",
+                                on_timeout=lambda: tail(log))
+        assert alert.ranks == [2] and alert.severity == "critical", alert.summary
+        assert alert.details["reason"] == "silent" and alert.details["ended"] == "silent: no exit record", alert.details
+        # Iterations 0..39 done; the steps it had not yet sent when it died are lost with it.
+        assert 1 <= alert.step <= 40 and alert.details["last_completed_step"] == alert.step - 1, alert.summary
+        assert "rank 2 failed first" in alert.summary and "silent: no exit record" in alert.summary
+        assert 2 not in alert.details["followers"]
+        last = reader.wait_for(lambda a: a.job == job and a.kind == "rank_failed"
+                               and a.details["follower_count"] == 3, 120, "rank_failed with 3 followers")
+        assert sorted(last.details["followers"]) == [0, 1, 3] and last.ranks == [2]
+        mine = [a for a in reader.alerts(job) if a.kind == "rank_failed"]
+        assert {a.alert_id for a in mine} == {alert.alert_id} and all(a.ranks == [2] for a in mine)
+        assert [a.status for a in mine].count("open") == 1
         rows = wait_until(lambda: store.query_rows(
             "SELECT ranks, kind FROM rankscope.alerts FINAL WHERE job = {job:String} AND kind = 'rank_failed'",
             parameters={"job": job}), 60, "the rank_failed alert in chDB")
