@@ -151,6 +151,20 @@ def hw_rows_fast(env: Envelope) -> list[tuple[Any, ...]] | None:
     job, rank, host = env.job, env.rank, env.host
     rows: list[tuple[Any, ...]] = []
     append = rows.append
+    if n == 1:   # one sample per message, as ranks send outside trace windows
+        t, d = ts[0], devices[0]
+        for name, values in metrics.items():
+            if type(name) is not str or type(values) is not list or len(values) != 1:
+                return None
+            v = values[0]
+            tv = type(v)
+            if tv is float:
+                append((job, rank, host, d, t, name, v))
+            elif tv is int:
+                append((job, rank, host, d, t, name, float(v)))
+            elif v is not None:
+                return None
+        return rows
     for name, values in metrics.items():
         if type(name) is not str or type(values) is not list or len(values) != n:
             return None

@@ -105,6 +105,9 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         "heartbeat.interval.ms": 2000,
         "max.poll.interval.ms": 300000,
         "topic.metadata.refresh.interval.ms": 10000,  # pick up topics created after start-up
+        # Fewer, larger fetches under load (a batch closes after sink_batch_s anyway).
+        "fetch.min.bytes": 65536,
+        "fetch.wait.max.ms": 100,
         "logger": _client_log,
     }
 

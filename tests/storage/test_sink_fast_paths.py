@@ -23,7 +23,24 @@ def _env(kind: str, body: dict[str, Any]) -> Envelope:
     {"util": [1.0]},              # wrong length
 ])
 def test_hw_fast_path_matches_checked(metrics: dict[str, Any]) -> None:
-    body = {"ts_ns": [1, 2], "device": [0, 1], "metrics": metrics}
+    check_hw_paths_agree({"ts_ns": [1, 2], "device": [0, 1], "metrics": metrics})
+
+
+@pytest.mark.parametrize("metrics", [
+    {"util": [1.5], "mem": [3], "none": [None]},
+    {"util": [2**53]},
+    {"util": [True]},
+    {"util": ["x"]},
+    {"util": [1.0, 2.0]},         # wrong length
+    {"util": 1.0},
+    {7: [1.0]},
+    {},
+])
+def test_hw_fast_path_of_one_sample_matches_checked(metrics: dict[str, Any]) -> None:
+    check_hw_paths_agree({"ts_ns": [5], "device": [2], "metrics": metrics})
+
+
+def check_hw_paths_agree(body: dict[str, Any]) -> None:
     fast, checked = Columns(TABLE_COLUMNS["hw_samples"]), Columns(TABLE_COLUMNS["hw_samples"])
     errors = []
     for fn, cols in ((hw_columns, fast), (hw_columns_checked, checked)):
