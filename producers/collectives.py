@@ -24,7 +24,7 @@ COLLECTIVE_NAMES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
     "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "all_to_all",
     "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "monitored_barrier",
-    "all_gather_single", "reduce_scatter_single",   # what FSDP calls
+    "all_gather_single", "reduce_scatter_single",   # what FSDP2 (fully_shard) calls in torch 2.13
 )
 WRAPPER_MARK = "_rankscope_wrapped"
 
