@@ -198,7 +198,8 @@ class JobMonitor:
         cur = self.incidents.get("rank_failed")
         if verdict is None:
             row = view.rows.get(cur["ranks"][0]) if cur is not None and cur["ranks"] else None
-            if row is not None and not row.exit_reason and row.hb_ns > cur["details"].get("failed_ns", 0):
+            if cur is not None and row is not None and not row.exit_reason \
+                    and row.hb_ns > cur["details"].get("failed_ns", 0):
                 return self._resolve("rank_failed", now_s, "the failed rank is running again")
             return []
         if cur is None and (now_s - max(verdict.culprit.exit_ns, first_ns) / 1e9 < failures.grace_s(settings)
