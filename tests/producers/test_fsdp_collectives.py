@@ -73,7 +73,7 @@ def test_fsdp2_collective_waits_are_timed_on_cpu_gloo() -> None:
     for p in procs:
         p.start()
     try:
-        got = {}
+        got: dict[int, tuple[int, dict[str, bool]]] = {}
         deadline = time.monotonic() + 240
         while len(got) < 2 and time.monotonic() < deadline:
             try:
