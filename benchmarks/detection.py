@@ -3,7 +3,13 @@
 - slow + hang (REPEATS times): rank 1 does 4x the compute from step 0 and rank 3 hangs at step
   HANG_AT: hang alert after the hanging rank's last step, slow-rank alert after rank 1's first step;
 - onset: rank 2 does 1.5x the compute from step ONSET_STEP: slow-rank alert after that step began;
-- healthy: HEALTHY_STEPS steps of identical work to completion: every alert of the job is false.
+- crash: rank 2 raises at step FAIL_AT while its peers wait in all_reduce: rank_failed alert after
+  its exit record was sent;
+- DDP straggler under ``rankscope run``: the unmodified DDP script of the tests
+  (tests/integration/scripts/plain_ddp.py, no Tracer, no ``watch_ddp``), rank 1 running its forward
+  pass 4 times: slow-rank alert after rank 1's first step;
+- healthy: at least HEALTHY_STEPS steps and HEALTHY_MIN_S seconds of identical work to completion:
+  every alert of the job is false.
 Times are the alert's ``opened_ns`` against the ranks' own step times (from the steps topic).
 """
 
@@ -12,22 +18,28 @@ from __future__ import annotations
 import os
 import signal
 import statistics
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
 from confluent_kafka import Consumer
 
-from benchmarks._stack import local_stack, torchrun
+from benchmarks._stack import env_for, free_port, local_stack, torchrun
 from rankscope.alerts import Alert
 from rankscope.topics import Topic
 
 HANG_AT = 800           # after the slow-rank rule's horizon (straggler_min_s) has passed
 REPEATS = 2
 ONSET_STEP = 500
-HEALTHY_STEPS = 2000    # >= 1,500 steps and >= 30 s here (~18 ms steps on 2 idle cores)
+FAIL_AT = 300
+HEALTHY_STEPS = 1500    # the job goes on past these until HEALTHY_MIN_S have passed
+HEALTHY_MIN_S = 30
+PLAIN_DDP = Path(__file__).resolve().parents[1] / "tests" / "integration" / "scripts" / "plain_ddp.py"
 
 
 class Watch:
@@ -38,6 +50,7 @@ class Watch:
         self.alerts: list[Alert] = []
         self.start_ns: dict[tuple[int, int], int] = {}
         self.last_end_ns: dict[int, int] = {}
+        self.exit_ns: dict[int, int] = {}
         self.step_ns: list[int] = []
 
     def poll(self) -> None:
@@ -50,6 +63,8 @@ class Watch:
             if msg.error():
                 continue
             m = msgpack.unpackb(msg.value())
+            if m["job"] == self.job and m["kind"] == "exit":
+                self.exit_ns.setdefault(m["rank"], m["sent_ns"])
             if m["job"] != self.job or m["kind"] not in ("steps", "beat") or not m["body"]["step"]:
                 continue
             b = m["body"]
@@ -115,10 +130,51 @@ def _onset(settings: Any, alerts: Any, steps: Any) -> dict[str, float]:
                                                    and a.opened_ns < w.start_ns[(2, ONSET_STEP)]))}
 
 
+def _crash(settings: Any, alerts: Any, steps: Any) -> dict[str, float]:
+    job = f"bench-crash-{uuid.uuid4().hex[:6]}"
+    w = Watch(job, alerts, steps)
+    proc = torchrun(settings, job, "--steps", "100000", "--fail-rank", "2", "--fail-at-step", str(FAIL_AT))
+    try:
+        w.until(lambda: w.first("rank_failed") is not None and 2 in w.exit_ns, 300)
+    finally:
+        _stop(proc)
+    failed = w.first("rank_failed")
+    if failed is None or 2 not in w.exit_ns:
+        raise RuntimeError(f"no rank_failed alert or exit record of rank 2 for {job}")
+    return {"crash_alert_after_exception_s": (failed.opened_ns - w.exit_ns[2]) / 1e9,
+            "crash_alert_rank_and_step_ok": float(failed.ranks == [2] and failed.step == FAIL_AT),
+            "crash_alerts_naming_a_follower": float(sum(1 for a in w.alerts if a.kind == "rank_failed"
+                                                        and a.ranks != [2]))}
+
+
+def _ddp_attach(settings: Any, alerts: Any, steps: Any) -> dict[str, float]:
+    job = f"bench-attach-{uuid.uuid4().hex[:6]}"
+    w = Watch(job, alerts, steps)
+    cmd = [sys.executable, "-m", "rankscope", "run", "--job-id", job, "--", sys.executable, "-m",
+           "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1", "--master-port",
+           str(free_port()), str(PLAIN_DDP), "--steps", "100000", "--slow-rank", "1", "--slow-factor", "4"]
+    proc = subprocess.Popen(cmd, env=env_for(settings), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+    def first_step(rank: int) -> int | None:
+        return min((a for (r, _), a in w.start_ns.items() if r == rank), default=None)
+
+    try:
+        w.until(lambda: w.first("slow_rank") is not None and first_step(1) is not None, 300)
+    finally:
+        _stop(proc)
+    slow, start = w.first("slow_rank"), first_step(1)
+    if slow is None or start is None:
+        raise RuntimeError(f"no slow-rank alert or steps of rank 1 for {job}")
+    return {"ddp_attach_slow_alert_after_first_step_s": (slow.opened_ns - start) / 1e9,
+            "ddp_attach_slow_alert_rank_ok": float(slow.ranks == [1]),
+            "ddp_attach_slow_alert_at_step": float(slow.step)}
+
+
 def _healthy(settings: Any, alerts: Any, steps: Any, scan_s: float) -> dict[str, float]:
     job = f"bench-healthy-{uuid.uuid4().hex[:6]}"
     w = Watch(job, alerts, steps)
-    proc = torchrun(settings, job, "--steps", str(HEALTHY_STEPS))
+    proc = torchrun(settings, job, "--steps", str(HEALTHY_STEPS), "--min-seconds", str(HEALTHY_MIN_S))
     try:
         w.until(lambda: proc.poll() is not None, 900)
     finally:
@@ -143,12 +199,15 @@ def run() -> dict[str, Any]:
         alerts, steps = consumer(Topic.ALERTS), consumer(Topic.STEPS)
         runs = [_slow_and_hang(settings, alerts, steps) for _ in range(REPEATS)]
         onset = _onset(settings, alerts, steps)
+        crash = _crash(settings, alerts, steps)
+        ddp_attach = _ddp_attach(settings, alerts, steps)
         healthy = _healthy(settings, alerts, steps, settings.scan_interval_s)
         alerts.close()
         steps.close()
     metrics: dict[str, float] = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
-    metrics.update({k: round(v, 3) for k, v in {**onset, **healthy}.items()})
-    return {"name": "detection", "runs": runs, "onset": onset, "healthy": healthy, "metrics": metrics,
+    metrics.update({k: round(v, 3) for k, v in {**onset, **crash, **ddp_attach, **healthy}.items()})
+    return {"name": "detection", "runs": runs, "onset": onset, "crash": crash, "ddp_attach": ddp_attach,
+            "healthy": healthy, "metrics": metrics,
             "settings": {"hang_min_s": settings.hang_min_s, "hang_factor": settings.hang_factor,
                          "straggler_persist": settings.straggler_persist, "straggler_min_s": settings.straggler_min_s,
                          "straggler_min_slow_steps": settings.straggler_min_slow_steps,
@@ -157,5 +216,9 @@ def run() -> dict[str, Any]:
                         "slow_alert_after_first_step_s": "<= 30 s",
                         "onset_slow_alert_after_onset_s": "<= 30 s",
                         "onset_alerts_before_onset": "0",
+                        "crash_alert_after_exception_s": "grace (3 s) + one scan",
+                        "crash_alerts_naming_a_follower": "0",
+                        "ddp_attach_slow_alert_after_first_step_s": "<= 30 s",
                         "other_hang_alerts": "0",
-                        "healthy_false_alerts": "0 (>= 1,500 steps, >= 30 s)"}}
+                        "healthy_false_alerts": "0",
+                        "healthy_steps": ">= 1,500", "healthy_job_s": ">= 30 s"}}
