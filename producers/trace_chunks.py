@@ -122,7 +122,8 @@ def chunk(col: dict[str, Any], byte_budget: int, max_chunk_bytes: int = 512_000
          "column_types": {column: "i1"|"i2"|"i4"|"i8"},
          "events": {"category", "name", "start_delta_ns" (from the previous event; the first from t0_ns),
                     "dur_ns", "device", "stream", "step", "bytes", "corr", "tid" (index into tids),
-                    "path" (index into paths or -1): little-endian packed ints (rankscope/packed.py),
+                    "path" (index into paths or -1), "linked" (GPU work: its op's id):
+                    little-endian packed ints (rankscope/packed.py),
                     "attrs": [[row, {...}], ...] for the rows that have attrs},
          "events_total", "events_sent", "truncated", "dropped": {category: events left out}}
 

@@ -27,7 +27,7 @@ TIER_OF_CATEGORY = {PYTHON: 4, CPU_OP: 3, RUNTIME: 2, ANNOTATION: 1, KERNEL: 0, 
                     COLLECTIVE: 0}
 
 EVENT_COLUMNS = ("category", "name", "start_ns", "dur_ns", "device", "stream", "step", "bytes", "corr", "tid",
-                 "path")
+                 "path", "linked")
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 
@@ -96,8 +96,10 @@ def to_columnar(events: RawEvents | Sequence[dict[str, Any]], window_id: str, fi
     Returns ``{"window_id", "first_step", "last_step", "start_ns", "end_ns", "categories", "names",
     "paths", "events"}`` where ``events`` holds equal-length columns: ``category`` (code into
     ``categories``), ``name`` (index into ``names``), ``start_ns``, ``dur_ns``, ``device`` (-1 on the host),
-    ``stream`` (-1), ``step`` (-1 outside steps), ``bytes``, ``corr``, ``tid`` (system thread id, -1 on the
-    device), ``path`` (python call-path id, -1 for other events): int64 numpy arrays sorted by start time;
+    ``stream`` (-1), ``step`` (-1 outside steps), ``bytes``, ``corr`` (correlation id; an op's own id on
+    the host), ``tid`` (system thread id, -1 on the device), ``path`` (python call-path id, -1 for other
+    events), ``linked`` (GPU work: the id of the op that launched it; 0 elsewhere): int64 numpy arrays
+    sorted by start time;
     and ``attrs``: a list of small dicts or None (collectives: op/pg/group_size/dtype/in_nelems/...;
     memcpy: kind; kernels: grid/block when exposed).
 
@@ -192,7 +194,7 @@ def to_columnar(events: RawEvents | Sequence[dict[str, Any]], window_id: str, fi
     # order otherwise).
     order = _sort_order(start, dur)
     arrays = {"category": cat, "name": name_ids, "start_ns": start, "dur_ns": dur, "device": dev, "stream": stream,
-              "step": step, "bytes": nbytes, "corr": corr, "tid": tid, "path": path}
+              "step": step, "bytes": nbytes, "corr": corr, "tid": tid, "path": path, "linked": linked}
     cols: dict[str, Any] = {k: v[order] for k, v in arrays.items()}
     attrs: list[Any] = [None] * n
     attr_rows: list[int] = []

@@ -7,6 +7,12 @@
   ``attrs`` (``[[row, map], ...]``; a list of one map or nil per event in the list form). The ranks
   build chunks (producers/trace_chunks.py); :func:`chunk_columns` reads one as sent and
   :func:`decode_chunk` validates it whole and resolves it into rows (the sink stores those).
+  The columns past :data:`REQUIRED_INT_COLUMNS` are optional (:data:`OPTIONAL_INT_COLUMNS`): a chunk
+  without them, as ranks of earlier versions send, decodes with their defaults.
+- Launch links: ``corr`` is the profiler's correlation id (0: none) of a runtime call and of the GPU
+  work it launched, and an op's own id on other host events; ``linked`` is, on GPU work, the id of
+  the op that launched it. :func:`decode_chunk` turns them into Kineto's two ids, ``correlation``
+  (launch <-> GPU work) and ``external_id`` (op <-> launch), -1 where there is none.
 - A ``summary`` body carries a rank's per-function table of the window and the window's bounds:
   :func:`summary_body` builds it, :func:`decode_summary` validates it for storage.
 
@@ -27,9 +33,11 @@ from rankscope.wire import WireError
 
 #: Integer columns of a trace chunk on the wire.
 WIRE_INT_COLUMNS = ("category", "name", "start_delta_ns", "dur_ns", "device", "stream", "step", "bytes", "corr",
-                    "tid", "path")
-#: The columns a chunk must carry (``corr`` and ``tid`` came later and are optional).
+                    "tid", "path", "linked")
+#: The columns a chunk must carry.
 REQUIRED_INT_COLUMNS = ("category", "name", "start_delta_ns", "dur_ns", "device", "stream", "step", "bytes", "path")
+#: Columns a chunk may leave out, and the value each event then has (``tid``: no entry of ``tids``).
+OPTIONAL_INT_COLUMNS = {"corr": 0, "tid": -1, "linked": 0}
 #: Integer columns of a summary's functions table.
 SUMMARY_INT_COLUMNS = ("count", "total_ns", "median_ns", "p95_ns", "max_ns", "exclusive_ns")
 I64 = (-(2 ** 63), 2 ** 63 - 1)
@@ -73,14 +81,26 @@ def _int_list(values: Any, name: str, n: int) -> list[int]:
 
 # Trace chunks --------------------------------------------------------------------------------------
 
-def chunk_columns(body: dict[str, Any]) -> dict[str, Any]:
-    """The events of one ``trace`` body as sent: int64 arrays of :data:`WIRE_INT_COLUMNS` plus
-    ``attrs`` (one dict or None per event). Raises WireError on a malformed body."""
-    ev = body["events"]
+def _int_columns(ev: dict[str, Any], types: Any) -> tuple[int, dict[str, np.ndarray]]:
+    """The required columns and the optional ones present, as int64 arrays of one length; the
+    optional ones absent filled with their defaults. Raises WireError naming a bad column."""
+    present = tuple(c for c in OPTIONAL_INT_COLUMNS if c in ev)
     try:
-        n, cols = unpack_int_columns(ev, body.get("column_types"), WIRE_INT_COLUMNS)
+        n, cols = unpack_int_columns(ev, types, REQUIRED_INT_COLUMNS + present)
     except ValueError as e:
         raise _bad(f"trace.events.{e}") from None
+    for c, default in OPTIONAL_INT_COLUMNS.items():
+        if c not in cols:
+            cols[c] = np.full(n, default, dtype=np.int64)
+    return n, cols
+
+
+def chunk_columns(body: dict[str, Any]) -> dict[str, Any]:
+    """The events of one ``trace`` body as sent: int64 arrays of :data:`WIRE_INT_COLUMNS` (the
+    optional ones a chunk leaves out at their defaults) plus ``attrs`` (one dict or None per event).
+    Raises WireError on a malformed body."""
+    ev = body["events"]
+    n, cols = _int_columns(ev, body.get("column_types"))
     attrs: list[Any] = [None] * n
     if "column_types" in body:
         for row, a in ev.get("attrs", []):
@@ -136,8 +156,9 @@ def _resolved_paths(path_list: list[int], paths: list[Any], names: list[str]) ->
 def decode_chunk(body: dict[str, Any]) -> dict[str, Any]:
     """One ``trace`` body, validated whole, as rows: ``window_id``, ``n`` and per-event lists
     ``category`` and ``name`` (strings; Python events named by their call path ``root;...;leaf``),
-    ``start_ns``, ``dur_ns``, ``device``, ``stream``, ``step``, ``bytes`` and ``attrs`` (string maps,
-    non-string values as compact JSON). Raises WireError on any malformed part."""
+    ``start_ns``, ``dur_ns``, ``device``, ``stream``, ``step``, ``bytes``, ``correlation`` and
+    ``external_id`` (see :func:`launch_ids`) and ``attrs`` (string maps, non-string values as compact
+    JSON). Raises WireError on any malformed part."""
     window_id = _str(body.get("window_id"), "trace.window_id")
     ev = body.get("events")
     if not isinstance(ev, dict):
@@ -148,10 +169,7 @@ def decode_chunk(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(paths, list) or not all(
             isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p) for p in paths):
         raise _bad("trace.paths must be a list of [parent, name] pairs")
-    try:
-        n, cols = unpack_int_columns(ev, body.get("column_types"), REQUIRED_INT_COLUMNS)
-    except ValueError as e:
-        raise _bad(f"trace.events.{e}") from None
+    n, cols = _int_columns(ev, body.get("column_types"))
     if "count" in body and body["count"] != n:
         raise _bad(f"trace.count is {body['count']!r}, the columns hold {n} events")
     empty: dict[str, Any] = {"window_id": window_id, "n": 0}
@@ -177,12 +195,31 @@ def decode_chunk(body: dict[str, Any]) -> dict[str, Any]:
             raise _bad(f"trace.start_ns holds values out of range {I64}")
     else:
         starts = (t0 + np.cumsum(deltas)).tolist()
-    return {"window_id": window_id, "n": n,
-            "category": [cats[c] for c in cols["category"].tolist()],
+    category = [cats[c] for c in cols["category"].tolist()]
+    correlation, external_id = launch_ids(np.array([c == "runtime" for c in category], dtype=bool),
+                                          cols["device"], cols["corr"], cols["linked"])
+    return {"window_id": window_id, "n": n, "category": category,
             "name": [resolved[p] if p >= 0 else names[i] for i, p in zip(cols["name"].tolist(), path_list, strict=True)],
             "start_ns": starts, "dur_ns": cols["dur_ns"].tolist(), "device": cols["device"].tolist(),
             "stream": cols["stream"].tolist(), "step": cols["step"].tolist(), "bytes": cols["bytes"].tolist(),
-            "attrs": attrs}
+            "correlation": correlation.tolist(), "external_id": external_id.tolist(), "attrs": attrs}
+
+
+def launch_ids(runtime: np.ndarray, device: np.ndarray, corr: np.ndarray, linked: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Kineto's ``(correlation, external_id)`` of events from the wire's ``corr`` and ``linked``
+    (int64 arrays; ``runtime``: bool, the event is a runtime call; ``device`` >= 0: GPU work):
+
+    - GPU work: correlation = ``corr``, external id = ``linked`` (the launching op);
+    - runtime calls: correlation = ``corr``, external id unknown;
+    - other host events: external id = ``corr`` (the op's own id), no correlation.
+
+    Ids <= 0 are none: -1."""
+    gpu = device >= 0
+    launch = gpu | runtime
+    correlation = np.where(launch & (corr > 0), corr, -1)
+    external_id = np.where(gpu, np.where(linked > 0, linked, -1), np.where(~launch & (corr > 0), corr, -1))
+    return correlation.astype(np.int64), external_id.astype(np.int64)
 
 
 # Summaries -----------------------------------------------------------------------------------------

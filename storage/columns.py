@@ -32,7 +32,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "reports": ("job", "window_id", "created_ns", "body"),
     "flight_records": ("job", "rank", "ts_ns", "request_id", "reason", "host", "pid", "steps", "stacks"),
     "trace_events": ("job", "window_id", "rank", "category", "name", "start_ns", "dur_ns", "device", "stream", "step",
-                     "bytes", "attrs"),
+                     "bytes", "attrs", "correlation", "external_id"),
     "function_summaries": ("job", "window_id", "rank", "category", "name", "count", "total_ns", "median_ns",
                            "p95_ns", "max_ns", "exclusive_ns", "window_ns"),
     "trace_windows": ("job", "window_id", "rank", "status", "first_step", "last_step", "start_ns", "end_ns", "events",

@@ -218,7 +218,8 @@ def trace_columns(env: Envelope, out: Columns) -> int:
     if n:
         out.extend(n, job=env.job, window_id=c["window_id"], rank=env.rank, category=c["category"], name=c["name"],
                    start_ns=c["start_ns"], dur_ns=c["dur_ns"], device=c["device"], stream=c["stream"],
-                   step=c["step"], bytes=c["bytes"], attrs=c["attrs"])
+                   step=c["step"], bytes=c["bytes"], attrs=c["attrs"], correlation=c["correlation"],
+                   external_id=c["external_id"])
     return n
 
 

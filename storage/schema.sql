@@ -192,7 +192,10 @@ CREATE TABLE IF NOT EXISTS {db}.trace_events
     stream Int32,
     step Int64,
     bytes Int64,
-    attrs Map(LowCardinality(String), String)
+    attrs Map(LowCardinality(String), String),
+    -- Kineto's launch links (rankscope.trace_wire.launch_ids); -1: none, or sent by an older rank.
+    correlation Int64 DEFAULT -1,
+    external_id Int64 DEFAULT -1
 )
 ENGINE = MergeTree
 ORDER BY (job, window_id, rank, start_ns)

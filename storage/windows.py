@@ -21,7 +21,8 @@ from rankscope.storage.store import Store
 WINDOWS_COLUMNS = ["window_id", "request_id", "status", "ranks", "first_step", "last_step", "steps", "events",
                    "truncated_ranks", "start", "end", "duration_s", "updated"]
 WINDOW_RANKS_COLUMNS = ["rank", "status", "first_step", "last_step", "events", "truncated", "start", "end"]
-EVENT_COLUMNS = ["rank", "category", "name", "start_ns", "dur_ns", "device", "stream", "step", "bytes", "attrs"]
+EVENT_COLUMNS = ["rank", "category", "name", "start_ns", "dur_ns", "device", "stream", "step", "bytes", "attrs",
+                 "correlation", "external_id"]
 #: Most events one call reads (a window is capped by the ranks' byte budget; this guards the page).
 MAX_EVENTS = 2_000_000
 
@@ -89,13 +90,14 @@ def trace_events(store: Store, job: str, window_id: str, ranks: list[int] | None
                  categories: list[str] | None = None, limit: int = MAX_EVENTS) -> pd.DataFrame:
     """Raw events of one window (all ranks, or ``ranks``; all categories, or ``categories``), by start.
 
-    Columns: :data:`EVENT_COLUMNS`; ``attrs`` is a dict. At most ``limit`` rows (earliest first).
+    Columns: :data:`EVENT_COLUMNS`; ``attrs`` is a dict; ``correlation`` and ``external_id`` are
+    Kineto's launch links (-1: none). At most ``limit`` rows (earliest first).
     """
     check_positive("limit", limit)
     db = store.database
     sql = f"""
         SELECT rank, toString(category) AS category, toString(name) AS name, start_ns, dur_ns, device, stream,
-               step, bytes, attrs
+               step, bytes, attrs, correlation, external_id
         FROM {db}.trace_events
         WHERE job = {{job:String}} AND window_id = {{w:String}}
           AND ({{all_ranks:UInt8}} OR rank IN {{ranks:Array(Int32)}})

@@ -1,12 +1,12 @@
 """``rankscope export --job J --window W [-o trace.json]``: a stored trace window as a Chrome /
-Perfetto trace (the dashboard's "Trace windows" download, from the command line).
+Perfetto trace, or with ``--format kineto`` as one Kineto JSON per rank.
 
-Reads the window's ``trace_events`` from the store (``storage/windows.py``) and writes
-``storage/chrome_trace.py``'s JSON. While ``rankscope serve`` (or ``up``) holds the embedded store, the
-reads go through serve's loopback query endpoint (``storage/query_endpoint.py``); a ClickHouse
-server DSN is read directly. ``--window`` is a window id or a request id (prefix): the newest
-matching window is taken. Exit status: 0 written; 1 store unavailable or no such window;
-2 bad arguments or unwritable output.
+Reads the window's ``trace_events`` from the store (``storage/windows.py``) and writes them through
+the trace files' exporters (``export_formats.py``), with launch -> kernel flows. While ``rankscope
+serve`` (or ``up``) holds the embedded store, the reads go through serve's loopback query endpoint
+(``storage/query_endpoint.py``); a ClickHouse server DSN is read directly. ``--window`` is a window
+id or a request id (prefix): the newest matching window is taken. Exit status: 0 written; 1 store
+unavailable or no such window; 2 bad arguments or unwritable output.
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.limit < 0:
         return _err(f"--limit must be >= 0, got {args.limit}", 2)
 
-    from rankscope.storage.chrome_trace import chrome_trace_json
     from rankscope.storage.query_endpoint import open_read_store
     from rankscope.storage.store import StoreError, StoreLocked
     from rankscope.storage.windows import MAX_EVENTS, trace_events
@@ -93,7 +92,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return _err(f"no stored trace events for job {args.job!r} window {args.window!r}"
                     + (f" ranks {ranks}" if ranks is not None else "")
                     + " (list windows on the dashboard's Trace windows page)", 1)
-    data = chrome_trace_json(events, job=args.job, window_id=window_id)
+    if args.format == "kineto":
+        return export_formats.write_stored_kineto(events, args.job, window_id, args.output,
+                                                  int(events["rank"].nunique()) if ranks is None else None)
+    data = export_formats.stored_chrome_json(events, job=args.job, window_id=window_id)
     out = args.output or f"{window_id}.trace.json"
     if out == "-":
         sys.stdout.buffer.write(data + b"\n")

@@ -5,9 +5,10 @@ exporters.py``), beside its Chrome trace of a stored window:
   writes one Kineto JSON per rank (``<out>/rank-<r>.json.gz``, with ``ac2g`` launch -> kernel flows:
   HTA, TensorBoard and ``rankscope analyze`` load them), ``chrome`` one merged Chrome/Perfetto
   trace with the flows, ``folded`` / ``speedscope`` the Python call paths by self time;
-- for a stored window (``--job``, ``--window``), ``folded`` and ``speedscope`` come from its
-  function summaries, read like ``export``'s Chrome trace (through serve's endpoint while serve
-  holds the embedded store); stored windows keep no correlation ids, so their Chrome trace has no flows.
+- for a stored window (``--job``, ``--window``), ``export.run`` reads its events (through serve's
+  endpoint while serve holds the embedded store) and :func:`stored_chrome_json` /
+  :func:`write_stored_kineto` put them through the same exporters, with the flows of the
+  correlation ids the ranks sent; ``folded`` and ``speedscope`` come from its function summaries.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ FORMATS = ("chrome", "kineto", "folded", "speedscope")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="chrome",
-                   help="chrome (default), kineto (per-rank Kineto JSON, with --traces), folded or speedscope "
+                   help="chrome (default), kineto (per-rank Kineto JSON: -o names the folder), folded or speedscope "
                         "(Python call paths by self time)")
     p.add_argument("--traces", nargs="+", default=[], metavar="PATH",
                    help="read these Kineto trace files or folders instead of the store")
@@ -58,17 +59,64 @@ def _text(fmt: str, functions: Any, name: str) -> bytes:
 
 
 def run_format(args: argparse.Namespace, settings: Settings) -> int | None:
-    """Handle ``--traces`` and the formats other than a stored window's Chrome trace; None when the
-    request is that Chrome trace (``export.run`` does it). Exit codes as ``export.run``'s."""
+    """Handle ``--traces`` and a stored window's call paths; None when the request is a stored
+    window's events (``chrome`` or ``kineto``: ``export.run`` reads them). Exit codes as ``export.run``'s."""
     if not args.traces:
         if not args.job or not args.window:
             return _err("--job and --window are required (or --traces PATH to export trace files)", 2)
-        if args.format == "chrome":
+        if args.format in ("chrome", "kineto"):
+            if args.format == "kineto" and args.output == "-":
+                return _err("--format kineto writes one file per rank: give -o FOLDER", 2)
             return None
-        if args.format == "kineto":
-            return _err("--format kineto needs --traces: stored windows keep no correlation ids", 2)
         return _stored(args, settings)
     return _from_traces(args)
+
+
+def _stored_traces(events: Any) -> tuple[dict[int, Any], int]:
+    """Per rank, a stored window's events as the reader's table, times from the whole µs at or before
+    the window's first event (so rounding to µs treats them as their epoch times); and that base (ns
+    since the epoch)."""
+    from rankscope.stream_processors.analysis.exporters import stored_events_table
+
+    base = int(events["start_ns"].min()) // 1000 * 1000
+    return {int(r): stored_events_table(g.reset_index(drop=True), base)
+            for r, g in events.groupby("rank", sort=True)}, base
+
+
+def stored_chrome_json(events: Any, job: str, window_id: str) -> bytes:
+    """A stored window's events (``storage/windows.py`` ``trace_events``) as one Chrome/Perfetto
+    trace with launch -> GPU work flows (``exporters.merged_chrome_trace``); ``otherData`` names the
+    window and its ``origin_ns``, the epoch time of ``ts`` 0."""
+    from rankscope.stream_processors.analysis.exporters import merged_chrome_trace
+
+    traces, base = _stored_traces(events)
+    doc = merged_chrome_trace(traces, job=job, other={"window_id": window_id, "origin_ns": base})
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def write_stored_kineto(events: Any, job: str, window_id: str, output: str, world_size: int | None) -> int:
+    """Write a stored window's events as one Kineto JSON per rank (``<output>/rank-<r>.json.gz``,
+    default folder ``<window>.kineto``): times in µs from ``baseTimeNanoseconds`` (see
+    :func:`_stored_traces`), ``distributedInfo`` with the rank (and ``world_size`` when given). Returns the exit code."""
+    from rankscope.stream_processors.analysis.exporters import kineto_trace
+
+    out_dir = Path(output or f"{window_id}.kineto")
+    traces, base = _stored_traces(events)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for rank, t in traces.items():
+            info: dict[str, Any] = {"rank": rank}
+            if world_size is not None:
+                info["world_size"] = world_size
+            meta = {"schemaVersion": 1, "distributedInfo": info, "baseTimeNanoseconds": base,
+                    "traceName": f"{job} {window_id} rank {rank}"}
+            doc = kineto_trace(t, meta, "us")
+            (out_dir / f"rank-{rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
+    except OSError as e:
+        return _err(f"cannot write {out_dir}: {e.strerror or e}", 2)
+    print(f"window {window_id} of job {job}: {len(events)} events from {len(traces)} ranks written to "
+          f"{out_dir}/rank-<r>.json.gz")
+    return 0
 
 
 def _stored(args: argparse.Namespace, settings: Settings) -> int:

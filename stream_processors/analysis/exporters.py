@@ -7,6 +7,8 @@
   ``deviceProperties`` ...). HTA, TensorBoard and ``rankscope analyze`` load it.
 - :func:`merged_chrome_trace`: every rank in one Chrome/Perfetto trace (one process per rank and
   device, threads per host thread and stream), with the same launch -> kernel flow arrows.
+- :func:`stored_events_table`: one rank's events of a stored window (``trace_events``) as the
+  reader's table, so the two exports above serve stored windows too.
 - :func:`folded_stacks` and :func:`speedscope`: Python call paths of window summaries (``rank,
   category, name, exclusive_ns``; ``name`` is ``root;...;leaf``) weighted by their self time, for
   flame graph tools (``flamegraph.pl``, speedscope, inferno). rankscope's own frames are folded into
@@ -18,6 +20,7 @@ the original held; the merged trace is in µs, as Chrome traces are.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,7 +30,7 @@ import pandas as pd
 from rankscope.own_frames import fold_path
 from rankscope.taxonomy import GPU_WORK, RUNTIME_TYPES
 
-__all__ = ["folded_stacks", "kineto_trace", "merged_chrome_trace", "speedscope"]
+__all__ = ["folded_stacks", "kineto_trace", "merged_chrome_trace", "speedscope", "stored_events_table"]
 
 # Reader's collective arg names -> Kineto's own keys (the inverse of the reader's renaming).
 _KINETO_ARG_KEYS = {
@@ -146,10 +149,11 @@ def kineto_trace(events: pd.DataFrame, metadata: Mapping[str, Any] | None = None
     return doc
 
 
-def merged_chrome_trace(traces: Mapping[int, pd.DataFrame], job: str = "") -> dict[str, Any]:
+def merged_chrome_trace(traces: Mapping[int, pd.DataFrame], job: str = "",
+                        other: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """All ranks' events in one Chrome/Perfetto trace: process ``rank R`` (host) and ``rank R GPU D``
-    per device, flows launch -> GPU work per rank. Times in µs. Raises ValueError like
-    :func:`kineto_trace`."""
+    per device, flows launch -> GPU work per rank. Times in µs. ``other``: more ``otherData`` keys.
+    Raises ValueError like :func:`kineto_trace`."""
     out: list[dict[str, Any]] = []
     for rank in sorted(traces):
         ev = traces[rank]
@@ -170,7 +174,92 @@ def merged_chrome_trace(traces: Mapping[int, pd.DataFrame], job: str = "") -> di
             out.append({"ph": "M", "name": "process_name", "pid": p, "tid": 0, "args": {"name": label}})
             out.append({"ph": "M", "name": "process_sort_index", "pid": p, "tid": 0, "args": {"sort_index": p}})
     return {"traceEvents": out, "displayTimeUnit": "ms",
-            "otherData": {"producer": "rankscope", "job": job, "ranks": sorted(int(r) for r in traces)}}
+            "otherData": {"producer": "rankscope", "job": job, "ranks": sorted(int(r) for r in traces),
+                          **(other or {})}}
+
+
+# Stored attrs (producers/categories.py ``attrs_and_bytes``) -> the reader's arg names.
+_STORED_ARG_KEYS = {"op": "collective", "pg": "pg_name", "pg_desc": "pg_desc", "group_size": "group_size",
+                    "dtype": "dtype", "in_nelems": "in_msg_nelems", "out_nelems": "out_msg_nelems"}
+_BACKEND_ANNOTATION = ("nccl:", "rccl:", "gloo:", "mpi:", "ucc:", "xccl:", "hccl:")
+#: Process id of a stored window's host events in its Kineto export (GPU work: the device index).
+STORED_HOST_PID = 1_000_000
+STORED_COLUMNS = ("category", "name", "start_ns", "dur_ns", "device", "stream", "step", "bytes", "attrs",
+                  "correlation", "external_id")
+
+
+def _stored_value(v: Any) -> Any:
+    try:
+        return json.loads(v) if isinstance(v, str) else v
+    except ValueError:
+        return v
+
+
+def _raw_cat(cat: str, gpu: bool, name: str, attrs: Mapping[str, Any]) -> tuple[str, str]:
+    """(reader category, Kineto category) of a stored event."""
+    if cat == "collective":
+        if gpu:
+            return "kernel", "kernel"
+        return cat, "user_annotation" if name.startswith(_BACKEND_ANNOTATION) else "cpu_op"
+    if cat == "annotation":
+        return cat, "gpu_user_annotation" if gpu else str(attrs.get("type", "user_annotation"))
+    raw = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset", "runtime": "cuda_runtime",
+           "cpu_op": "cpu_op", "python": "python_function"}.get(cat, cat)
+    return cat, raw
+
+
+def stored_events_table(events: pd.DataFrame, base_ns: int = 0) -> pd.DataFrame:
+    """One rank's stored trace events (``storage/windows.py`` ``trace_events``: :data:`STORED_COLUMNS`)
+    as the reader's events table (``kineto.load_trace(extra_columns=True)``), for :func:`kineto_trace`
+    and :func:`merged_chrome_trace`.
+
+    ``ts_ns`` = ``start_ns - base_ns``; GPU work sits on process = device and thread = stream (its
+    ``stream`` arg too, except on GPU annotations, which Kineto writes without one), host
+    events on process :data:`STORED_HOST_PID` and their thread (``attrs["tid"]`` if kept, else 0);
+    Python events are named by their own frame (the leaf of the stored call path); collective attrs
+    take the reader's arg names; a runtime call gets the external id of the GPU work it launched.
+    Rows without ids (windows stored before they were) simply have no flows. Raises ValueError
+    naming missing columns."""
+    missing = [c for c in STORED_COLUMNS if c not in events.columns]
+    if missing:
+        raise ValueError(f"stored events lack columns {missing}")
+    n = len(events)
+    device = events["device"].to_numpy(dtype=np.int64)
+    gpu = device >= 0
+    cats, raws, names, args, tids = [], [], [], [], []
+    for cat, name, a, g in zip(events["category"].astype(str), events["name"].astype(str), events["attrs"],
+                               gpu.tolist(), strict=True):
+        a = a if isinstance(a, Mapping) else {}
+        c, raw = _raw_cat(cat, g, name, a)
+        cats.append(c)
+        raws.append(raw)
+        names.append(name.rsplit(";", 1)[-1] if cat == "python" else name)
+        tid = _stored_value(a.get("tid", 0))
+        tids.append(tid if isinstance(tid, int) and not g else 0)
+        kept = {_STORED_ARG_KEYS.get(k, k): _stored_value(v) for k, v in a.items() if k not in ("tid", "type")}
+        args.append(kept or None)
+    corr = events["correlation"].to_numpy(dtype=np.int64)
+    ext = events["external_id"].to_numpy(dtype=np.int64).copy()
+    runtime = np.array([c == "runtime" for c in cats], dtype=bool)
+    if runtime.any():
+        launched = pd.Series(ext[gpu & (corr >= 0) & (ext >= 0)], index=corr[gpu & (corr >= 0) & (ext >= 0)])
+        launched = launched[~launched.index.duplicated()]
+        fill = runtime & (ext < 0) & (corr >= 0)
+        ext[fill] = launched.reindex(corr[fill]).fillna(-1).to_numpy(dtype=np.int64)
+    nbytes = events["bytes"].to_numpy(dtype=np.int64)
+    mem = np.isin(np.array(cats, dtype=object), ["memcpy", "memset"])
+    return pd.DataFrame({
+        "name": names, "cat": cats, "raw_cat": raws, "ph": ["X"] * n,
+        "ts_ns": events["start_ns"].to_numpy(dtype=np.int64) - int(base_ns),
+        "dur_ns": events["dur_ns"].to_numpy(dtype=np.int64),
+        "pid": np.where(gpu, device, STORED_HOST_PID), "tid": np.where(gpu, events["stream"].to_numpy(dtype=np.int64),
+                                                                       np.array(tids, dtype=np.int64)),
+        "stream": np.where(gpu & (np.array(raws, dtype=object) != "gpu_user_annotation"),
+                           events["stream"].to_numpy(dtype=np.int64), -1),
+        "correlation": corr, "external_id": ext, "step": events["step"].to_numpy(dtype=np.int64),
+        "args": pd.Series(args, dtype=object), "py_id": np.full(n, -1, dtype=np.int64),
+        "py_parent": np.full(n, -1, dtype=np.int64), "bytes": np.where(mem, nbytes, 0),
+    })
 
 
 def _python_paths(functions: pd.DataFrame) -> pd.DataFrame:

@@ -67,13 +67,15 @@ def test_export_writes_chrome_trace(stored: str, tmp_path: Path, capsys: pytest.
     assert sorted(e["name"] for e in x) == sorted(["ProfilerStep#3", "aten::mm", "sgemm", "Memcpy HtoD",
                                                    "ncclDevKernel_AllReduce", "train.py(10): step"])
     by = {e["name"]: e for e in x}
-    assert by["sgemm"]["pid"] == 0 and by["sgemm"]["tid"] == 7 and by["sgemm"]["ts"] == 3.5
+    assert by["sgemm"]["pid"] == 1001 and by["sgemm"]["tid"] == 7 and by["sgemm"]["ts"] == 3.5
     assert by["sgemm"]["dur"] == 1.5 and by["sgemm"]["cat"] == "kernel"
     assert by["Memcpy HtoD"]["args"]["bytes"] == 4096
-    assert by["aten::mm"]["tid"] == 11                       # host events on their thread
-    assert by["ncclDevKernel_AllReduce"]["pid"] == 1 and by["ncclDevKernel_AllReduce"]["args"]["op"] == "allreduce"
+    assert by["aten::mm"]["pid"] == 1000 and by["aten::mm"]["tid"] == 11   # host events on their thread
+    nccl = by["ncclDevKernel_AllReduce"]
+    assert nccl["pid"] == 2002 and nccl["args"]["Collective name"] == "allreduce"
     names = {(e["pid"], e["args"]["name"]) for e in doc["traceEvents"] if e["name"] == "process_name"}
-    assert names == {(0, "rank 0"), (1, "rank 1")}
+    assert names == {(1000, "rank 0"), (1001, "rank 0 GPU 0"), (2000, "rank 1"), (2002, "rank 1 GPU 1")}
+    assert not [e for e in doc["traceEvents"] if e["ph"] in ("s", "f")]   # rows stored without correlation ids
 
 
 def test_export_by_request_prefix_and_ranks(stored: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -83,8 +85,8 @@ def test_export_by_request_prefix_and_ranks(stored: str, tmp_path: Path, capsys:
     assert rc == 0, capsys.readouterr().err
     doc = json.loads(out.read_text())
     x = [e for e in doc["traceEvents"] if e["ph"] == "X"]
-    assert {e["pid"] for e in x} == {1} and len(x) == 2
-    assert doc["otherData"]["window_id"] == "tw1234-0"
+    assert {e["pid"] for e in x} == {2000, 2002} and len(x) == 2
+    assert doc["otherData"]["window_id"] == "tw1234-0" and doc["otherData"]["ranks"] == [1]
 
 
 def test_export_unknown_window_and_bad_args(stored: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

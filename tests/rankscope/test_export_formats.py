@@ -1,18 +1,23 @@
 """``rankscope export`` formats that go back in: from trace files (Kineto with flows, merged Chrome,
-folded, speedscope) and a stored window's call paths (folded, speedscope), against a real chDB."""
+folded, speedscope), a stored window's call paths (folded, speedscope) and a stored window's events
+(Kineto per rank and merged Chrome, with flows), against a real chDB."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from benchmarks.offline_vs_hta import hta_python
 from rankscope.cli import main
 from rankscope.stream_processors.analysis.kineto import load_traces
+from tests.stream_processors.analysis.test_exporters import HTA_SCRIPT
 from tests.stream_processors.analysis.trace_sets import DATA
 
 T0 = (time.time_ns() // 10**9 - 3600) * 10**9
@@ -50,8 +55,89 @@ def test_stored_window_as_folded_and_speedscope(stored: str, tmp_path: Path) -> 
                  "speedscope", "-o", str(sp)]) == 0
     doc = json.loads(sp.read_text())
     assert [p["name"] for p in doc["profiles"]] == ["rank 0", "rank 1"]
-    assert main(["export", "--clickhouse-dsn", stored, "--job", "jobA", "--window", "tw1-0", "--format",
-                 "kineto"]) == 2                       # stored windows keep no correlation ids
+
+A100 = DATA / "hta_nccl_meta_a100"
+TABLES = ("temporal_breakdown", "comm_comp_overlap", "kernel_type_breakdown", "idle_time_breakdown", "top_kernels")
+
+
+@pytest.fixture
+def stored_recording(tmp_path: Path) -> Iterator[str]:
+    """A recorded A100 NCCL trace (cuda_runtime launches and kernels with correlation ids) stored as a
+    live window is: the ranks' columnar code and chunks, the wire, the sink's row code, chDB."""
+    from rankscope.commands.replay import window_messages
+    from rankscope.storage.columns import TABLE_COLUMNS, Columns
+    from rankscope.storage.rows import summary_columns, trace_columns
+    from rankscope.storage.store import close_store, open_store
+    from rankscope.stream_processors.analysis.kineto import load_trace
+    from rankscope.stream_processors.analysis.replay import epoch_base_ns, event_dicts
+    from rankscope.wire import Envelope, decode, encode
+
+    t = load_trace(A100 / "nccl_data.json.gz", extra_columns=True)
+    shift = T0 - int(t.events["ts_ns"].min()) // 1000 * 1000   # recent (the store expires old rows), whole µs
+    bodies, summary = window_messages(event_dicts(t.events, offset_ns=epoch_base_ns(t.metadata) + shift),
+                                      "rec1-0", 1 << 30)
+    assert len(bodies) > 1 and not bodies[0]["truncated"]
+    events, windows = Columns(TABLE_COLUMNS["trace_events"]), Columns(TABLE_COLUMNS["function_summaries"])
+    for seq, (kind, body) in enumerate([*(("trace", b) for b in bodies), ("summary", summary)]):
+        env = decode(encode(Envelope(kind=kind, job="jobR", rank=t.rank, host="h", pid=1, seq=seq, sent_ns=T0,
+                                     body=body)))
+        window = trace_columns(env, events) if kind == "trace" else summary_columns(env, windows)
+    dsn = f"chdb://{tmp_path / 'ch'}"
+    store = open_store(dsn)
+    store.insert_columns("trace_events", events.data)
+    store.insert("trace_windows", [window])
+    close_store(dsn)
+    try:
+        yield dsn
+    finally:
+        close_store(dsn)
+
+
+@pytest.mark.clickhouse
+def test_stored_window_as_kineto_and_chrome_with_flows(stored_recording: str, tmp_path: Path) -> None:
+    from rankscope.stream_processors.analysis.exporters import kineto_trace
+    from rankscope.stream_processors.analysis.kineto import load_trace
+    from rankscope.stream_processors.analysis.offline import analyze_paths
+
+    assert main(["export", "--clickhouse-dsn", stored_recording, "--job", "jobR", "--window", "rec1",
+                 "--format", "kineto", "-o", str(tmp_path / "k")]) == 0
+    files = sorted((tmp_path / "k").glob("*.json.gz"))
+    src = load_trace(A100 / "nccl_data.json.gz", extra_columns=True)
+    assert [f.name for f in files] == [f"rank-{src.rank}.json.gz"]
+    doc = json.loads(gzip.decompress(files[0].read_bytes()))
+    assert doc["distributedInfo"] == {"rank": src.rank, "world_size": 1}
+
+    def flows(d: dict) -> Counter[tuple[str, str]]:    # (launch, kernel) of every ac2g arrow
+        by_ts = {}
+        for e in d["traceEvents"]:
+            if e["ph"] == "X":
+                by_ts.setdefault((e["pid"], e["tid"], e["ts"]), e["name"])
+        ends = {e["id"]: by_ts[(e["pid"], e["tid"], e["ts"])] for e in d["traceEvents"] if e["ph"] == "f"}
+        return Counter((by_ts[(e["pid"], e["tid"], e["ts"])], ends[e["id"]]) for e in d["traceEvents"] if e["ph"] == "s")
+
+    want = flows(kineto_trace(src.events, src.metadata, src.time_unit))
+    got = flows(doc)
+    assert got.total() > 1000 and got == want                    # the original's launch -> kernel arrows
+    back = load_trace(files[0], extra_columns=True)
+    kern = back.events[back.events["cat"] == "kernel"]
+    assert (kern["correlation"] >= 0).all() and (kern["external_id"] >= 0).any()
+    a = analyze_paths(A100, hta_compatible=True, workers=1, diagnose=False)
+    b = analyze_paths(tmp_path / "k", hta_compatible=True, workers=1, diagnose=False)
+    for key in TABLES:
+        assert a[key] == b[key], key
+    hta = subprocess.run([str(hta_python()), "-c", HTA_SCRIPT, str(A100), str(tmp_path / "k")], capture_output=True,
+                         text=True, timeout=900)
+    assert hta.returncode == 0, hta.stderr[-3000:]
+    res = json.loads(next(line for line in hta.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert res[str(A100)] and res[str(tmp_path / "k")] == res[str(A100)]     # HTA itself reads it the same
+
+    out = tmp_path / "m.json"
+    assert main(["export", "--clickhouse-dsn", stored_recording, "--job", "jobR", "--window", "rec1-0",
+                 "-o", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["otherData"]["window_id"] == "rec1-0" and merged["otherData"]["origin_ns"] > 0
+    ids = [e["id"] for e in merged["traceEvents"] if e["ph"] == "s"]
+    assert len(ids) == len(set(ids)) == sum(e["ph"] == "f" for e in merged["traceEvents"]) > 100
 
 
 def test_trace_files_as_kineto_chrome_folded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

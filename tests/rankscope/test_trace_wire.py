@@ -49,8 +49,32 @@ def test_a_chunk_without_the_later_columns_still_decodes():
     (body,), _, _ = chunk(_window(), 1_000_000)
     cols = chunk_columns(body)
     old = {k: v for k, v in body.items() if k not in ("column_types", "count")}
-    old["events"] = {**{c: cols[c].tolist() for c in REQUIRED_INT_COLUMNS}, "attrs": cols["attrs"]}   # no corr, tid
-    assert decode_chunk(old)["name"] == decode_chunk(body)["name"]
+    old["events"] = {**{c: cols[c].tolist() for c in REQUIRED_INT_COLUMNS}, "attrs": cols["attrs"]}   # no corr, tid, linked
+    rows = decode_chunk(old)
+    assert rows["name"] == decode_chunk(body)["name"]
+    assert rows["correlation"] == rows["external_id"] == [-1, -1, -1]
+    assert chunk_columns(old)["linked"].tolist() == [0, 0, 0] and chunk_columns(old)["tid"].tolist() == [-1, -1, -1]
+    no_linked = {**body, "events": {k: v for k, v in body["events"].items() if k != "linked"}}
+    assert decode_chunk(no_linked)["external_id"] == [-1, -1, 12]     # a rank that sends corr but not linked
+
+
+def test_chunks_carry_kinetos_launch_links():
+    events = [
+        {"type": "cpu_op", "name": "aten::mm", "start_ns": T0, "dur_ns": 300, "tid": 5, "corr": 12},
+        {"type": "cuda_runtime", "name": "cudaLaunchKernel", "start_ns": T0 + 10, "dur_ns": 20, "tid": 5, "corr": 700},
+        {"type": "kernel", "name": "sgemm", "start_ns": T0 + 50, "dur_ns": 100, "device": 0, "stream": 7,
+         "corr": 700, "linked": 12},
+        {"type": "kernel", "name": "orphan", "start_ns": T0 + 200, "dur_ns": 10, "device": 0, "stream": 7},
+    ]
+    (body,), _, _ = chunk(to_columnar(events, "w-2", None), 1_000_000)
+    assert "linked" in body["column_types"]
+    rows = decode_chunk(body)
+    got = {n: (c, e) for n, c, e in zip(rows["name"], rows["correlation"], rows["external_id"], strict=True)}
+    assert got == {"aten::mm": (-1, 12), "cudaLaunchKernel": (700, -1), "sgemm": (700, 12), "orphan": (-1, -1)}
+    bad = {**body, "events": {**body["events"], "linked": [1]}, "column_types": {**body["column_types"]}}
+    del bad["column_types"]["linked"]
+    with pytest.raises(WireError, match=r"trace\.events\.linked"):
+        decode_chunk(bad)
 
 
 @pytest.mark.parametrize("spoil, field", [
