@@ -119,3 +119,9 @@ def test_sql_and_export_go_through_serve(served: Settings, tmp_path: Path):
     assert f"{n_events} events from {len(TRACES)} ranks" in out.stdout, out.stdout
     trace = json.loads(target.read_text())
     assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == n_events
+    starts = {e["id"] for e in trace["traceEvents"] if e["ph"] == "s"}
+    assert starts and starts == {e["id"] for e in trace["traceEvents"] if e["ph"] == "f"}   # launch -> kernel
+    kineto = tmp_path / "kineto"
+    out = cli(settings, "export", "--job", JOB, "--window", WINDOW, "--format", "kineto", "-o", str(kineto))
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in kineto.glob("*.json.gz")) == [f"rank-{r}.json.gz" for r in range(len(TRACES))]
