@@ -113,7 +113,7 @@ class Metrics:
                 self.messages.labels(topic).inc(n)
             for (topic, partition), m in newest.items():
                 kind, ts_ms = m.timestamp()
-                high = _cached_high(consumer, topic, partition)
+                high = cached_high(consumer, topic, partition)
                 self._lag(topic, partition, now_ns / 1e9 - ts_ms / 1e3 if kind and ts_ms > 0 else None,
                           high - m.offset() - 1 if high >= 0 else None)
         except Exception as e:
@@ -212,7 +212,8 @@ def start_metrics(settings: Settings, service: str, metrics: Metrics | None = No
     return url
 
 
-def _cached_high(consumer: Any, topic: str, partition: int) -> int:
+def cached_high(consumer: Any, topic: str, partition: int) -> int:
+    """The partition's high watermark as the consumer last heard it (no broker round trip); -1 when unknown."""
     from confluent_kafka import TopicPartition
 
     try:

@@ -32,7 +32,7 @@ from rankscope.clock import Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.kafka_client import client_conf
-from rankscope.metrics import process_metrics
+from rankscope.metrics import cached_high, process_metrics
 from rankscope.stream_processors.rebuild import rebuild_shards
 from rankscope.stream_processors.stages import STEPS_KINDS, Sender, ShardStage
 from rankscope.topics import Topic
@@ -126,6 +126,8 @@ class ShardFolder:
                 log.exception("failed to apply %s from %s/%s: %s", env.kind, env.job, env.rank, e)
         for m in last.values():
             self.consumer.store_offsets(message=m)
+            high = cached_high(self.consumer, m.topic(), m.partition())
+            self.stage.mark_read(m.partition(), high > m.offset() + 1)
 
     def tick(self) -> None:
         for topic, key, value in self.stage.tick(self.clock.wall_ns() / 1e9):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from rankscope.stream_processors.rank_state import EXTRAPOLATION_CAP_S
@@ -28,6 +29,9 @@ class JobView:
     busy_hist: dict[int, int]
     max_progress: list[dict[str, Any]]
     failures: list[Failure]     # every shard's first failures, first to fail first
+    # Per rank with a row: the send time up to which its shard's partition had been read (the
+    # shard's ``frontier_ns``), inf when that shard was caught up.
+    frontier_s: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def merge(cls, summaries: list[ShardSummary], now_s: float) -> JobView:
@@ -40,16 +44,21 @@ class JobView:
         min_step, newest, min_age = -1, 0.0, -1.0
         progress = []
         failures: dict[int, Failure] = {}
+        frontier: dict[int, float] = {}
         for s in summaries:
             for f in s.failures:
                 old = failures.get(f.rank)
                 if old is None or f.exit_ns > old.exit_ns:
                     failures[f.rank] = f
             a = s.agg
+            # A shard read up to its summary time was caught up: its ranks are judged at the rules' now.
+            read_to_ns = a.get("frontier_ns", s.ts_ns)
+            shard_frontier_s = math.inf if read_to_ns >= s.ts_ns else read_to_ns / 1e9
             for r in s.rows:
                 old = rows.get(r.rank)
                 if old is None or r.hb_ns > old.hb_ns:   # a rank that moved shard (rolling upgrade): freshest
                     rows[r.rank] = r
+                    frontier[r.rank] = shard_frontier_s
             for sig, info in s.stacks.items():
                 cur = stacks.get(sig)
                 if cur is None:
@@ -75,7 +84,7 @@ class JobView:
         return cls(rows=rows, stacks=stacks, exact=exact, ranks=ranks, live=live, world_size=world,
                    min_step=min_step, newest_hb_s=newest, min_age_s=min_age, step_hist=step_hist,
                    busy_hist=busy_hist, max_progress=progress,
-                   failures=sorted(failures.values(), key=lambda f: (f.exit_ns, f.rank)))
+                   failures=sorted(failures.values(), key=lambda f: (f.exit_ns, f.rank)), frontier_s=frontier)
 
     def age(self, r: Row, now_s: float) -> float:
         return r.progress_age_s(now_s, EXTRAPOLATION_CAP_S)

@@ -114,12 +114,17 @@ class JobMonitor:
 
     @staticmethod
     def dead_ranks(view: JobView, now_s: float, settings: Settings) -> list[int]:
+        """Live ranks silent for ``dead_after_s`` while others went on (or the whole job silent for
+        3x that), each judged at its shard's frontier: a rank whose partition is read late is not
+        taken for dead because its newer heartbeats are still waiting there."""
         live = [r for r in view.rows.values() if not r.exit_reason]
         if not live:
             return []
-        whole_job_silent = now_s - view.newest_hb_s > 3 * settings.dead_after_s
+        frontier = view.frontier_s
+        newest_read_s = min(now_s, max(frontier.values(), default=now_s))
+        whole_job_silent = newest_read_s - view.newest_hb_s > 3 * settings.dead_after_s
         dead = [r for r in live
-                if now_s - r.hb_ns / 1e9 > settings.dead_after_s
+                if min(now_s, frontier.get(r.rank, now_s)) - r.hb_ns / 1e9 > settings.dead_after_s
                 and (view.newest_hb_s - r.hb_ns / 1e9 > settings.dead_after_s or whole_job_silent)]
         return [r.rank for r in sorted(dead, key=lambda r: r.hb_ns)]
 

@@ -66,21 +66,29 @@ class ShardJob:
         self.last_input_s = max(self.last_input_s, now_s)
 
     # Summary ----------------------------------------------------------------------------------
-    def silent(self, now_s: float, settings: Settings) -> list[RankState]:
+    def silent(self, now_s: float, settings: Settings, frontier_s: float | None = None) -> list[RankState]:
         """Live ranks whose messages stopped for ``dead_after_s`` while others here went on (or
-        the whole shard went silent for 3x that), oldest first."""
+        the whole shard went silent for 3x that), oldest first.
+
+        Silence is judged at ``frontier_s``, the send time up to which this shard's partition has
+        been read (``now_s`` when it is caught up): a partition read late makes its ranks look
+        older, not silent."""
         live = [st for st in self.ranks.values() if not st.exit_reason]
         if not live:
             return []
+        at = now_s if frontier_s is None else min(now_s, frontier_s)
         newest = max(st.hb_s for st in self.ranks.values())
-        all_silent = now_s - newest > 3 * settings.dead_after_s
-        out = [st for st in live if now_s - st.hb_s > settings.dead_after_s
+        all_silent = at - newest > 3 * settings.dead_after_s
+        out = [st for st in live if at - st.hb_s > settings.dead_after_s
                and (newest - st.hb_s > settings.dead_after_s or all_silent)]
         return sorted(out, key=lambda s: s.hb_s)
 
-    def summary(self, now_s: float, settings: Settings, retired: bool = False) -> ShardSummary:
-        """The bounded summary of this shard at ``now_s`` (encoded size under MAX_SUMMARY_BYTES)."""
-        silent = self.silent(now_s, settings)
+    def summary(self, now_s: float, settings: Settings, retired: bool = False,
+                frontier_s: float | None = None) -> ShardSummary:
+        """The bounded summary of this shard at ``now_s`` (encoded size under MAX_SUMMARY_BYTES);
+        ``frontier_s`` as in :meth:`silent`, also sent (``agg["frontier_ns"]``) for the job-wide rules."""
+        frontier_s = now_s if frontier_s is None else min(now_s, frontier_s)
+        silent = self.silent(now_s, settings, frontier_s)
         silent_ids = {st.rank for st in silent}
         live = [st for st in self.ranks.values() if not st.exit_reason and st.rank not in silent_ids]
         crashed = [st for st in self.ranks.values() if st.crashed]
@@ -104,6 +112,7 @@ class ShardJob:
             "max_step": top.last_step if top else -1, "max_step_end_ns": top.last_step_end_ns if top else 0,
             "max_step_med_ns": top.medians()[0] if top else 0,
             "newest_hb_ns": int(max((s.hb_s for s in self.ranks.values()), default=0.0) * 1e9),
+            "frontier_ns": int(frontier_s * 1e9),
             "min_age_s": round(min((s.progress_age_s(now_s) for s in live), default=-1.0), 3),
             "step_hist": step_hist, "busy_hist": busy_hist, "busy_n": busy_n,
             "new_steps": self.new_steps, "retired": int(retired),
@@ -178,9 +187,10 @@ class ShardJob:
                    exit_reason=st.exit_reason, exit_detail=st.exit_detail[:MAX_DETAIL_CHARS], dropped=st.dropped)
 
     # Rolling statistics -----------------------------------------------------------------------
-    def stats_chunks(self, now_s: float, settings: Settings) -> list[list[dict[str, Any]]]:
+    def stats_chunks(self, now_s: float, settings: Settings,
+                     frontier_s: float | None = None) -> list[list[dict[str, Any]]]:
         """Per-rank rolling statistics with the rank's state as this shard sees it, in chunks."""
-        silent = {st.rank for st in self.silent(now_s, settings)}
+        silent = {st.rank for st in self.silent(now_s, settings, frontier_s)}
         ts_ns = int(now_s * 1e9)
         z_of = busy_z_scores({r: st.medians()[1] for r, st in self.ranks.items()
                               if not st.exit_reason and len(st.busy) >= settings.straggler_min_steps})

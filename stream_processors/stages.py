@@ -42,10 +42,16 @@ class Sender:
 
 
 class ShardStage:
+    """The steps partitions of this worker. Besides the shards it keeps, per partition, the newest
+    send time read from it and whether more messages were waiting then (:meth:`mark_read`): while
+    a partition is read late, its shards are judged at that send time, not at the wall clock."""
+
     def __init__(self, settings: Settings, sender: Sender) -> None:
         self.settings = settings
         self.sender = sender
         self.shards: dict[tuple[int, str], ShardJob] = {}
+        self.newest_sent_ns: dict[int, int] = {}
+        self.behind: set[int] = set()
 
     def ingest(self, partition: int, env: Envelope, now_s: float) -> None:
         key = (partition, env.job)
@@ -53,6 +59,22 @@ class ShardStage:
         if sj is None:
             sj = self.shards[key] = ShardJob(env.job, partition)
         sj.apply(env, now_s, self.settings)
+        if env.sent_ns > self.newest_sent_ns.get(partition, 0):
+            self.newest_sent_ns[partition] = env.sent_ns
+
+    def mark_read(self, partition: int, waiting: bool) -> None:
+        """After a batch: were more messages of ``partition`` waiting past the last one read?"""
+        if waiting:
+            self.behind.add(partition)
+        else:
+            self.behind.discard(partition)
+
+    def frontier_s(self, partition: int, now_s: float) -> float:
+        """The time up to which ``partition`` has been read: ``now_s`` when caught up, else the
+        newest send time read from it."""
+        if partition in self.behind and partition in self.newest_sent_ns:
+            return min(now_s, self.newest_sent_ns[partition] / 1e9)
+        return now_s
 
     def install(self, rebuilt: Iterable[ShardJob]) -> None:
         """Take the state rebuilt from recent input for newly assigned partitions."""
@@ -62,21 +84,25 @@ class ShardStage:
     def revoke(self, partitions: set[int]) -> None:
         for key in [k for k in self.shards if k[0] in partitions]:
             del self.shards[key]
+        for p in partitions:
+            self.newest_sent_ns.pop(p, None)
+            self.behind.discard(p)
 
     def tick(self, now_s: float) -> list[Message]:
         """Every shard's summary and statistics; jobs idle for ``job_idle_s`` are retired."""
         out: list[Message] = []
         now_ns = int(now_s * 1e9)
         for key, sj in list(self.shards.items()):
+            frontier_s = self.frontier_s(sj.shard, now_s)
             newest = max((st.hb_s for st in sj.ranks.values()), default=sj.last_input_s)
-            retired = now_s - newest > self.settings.job_idle_s
-            summary = sj.summary(now_s, self.settings, retired=retired)
+            retired = frontier_s - newest > self.settings.job_idle_s
+            summary = sj.summary(now_s, self.settings, retired=retired, frontier_s=frontier_s)
             out.append((Topic.SHARDS, sj.job.encode(), self.sender.envelope("shard", sj.job, summary.to_body(), now_ns)))
             if retired:
                 del self.shards[key]
                 continue
             if summary.agg["new_steps"] or summary.agg["silent"]:
-                for rows in sj.stats_chunks(now_s, self.settings):
+                for rows in sj.stats_chunks(now_s, self.settings, frontier_s):
                     out.append((Topic.STATS, sj.job.encode(), self.sender.envelope("stats", sj.job, {"ranks": rows}, now_ns)))
         return out
 

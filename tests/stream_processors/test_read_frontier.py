@@ -1,0 +1,78 @@
+"""A partition read late (the processors lag behind its input) makes its ranks look older, not
+dead: stage one judges silence at the send time it has read up to (its frontier) and sends it with
+the summary; the job-wide dead-rank rule judges each rank at its shard's frontier."""
+
+from __future__ import annotations
+
+from rankscope.config import Settings
+from rankscope.stream_processors.monitor import JobMonitor
+from rankscope.stream_processors.stages import Sender, ShardStage
+from rankscope.stream_processors.summary import ShardSummary
+from rankscope.wire import Envelope, decode
+
+S = Settings(dead_after_s=10, hang_min_s=10, scan_interval_s=1.0)
+T0 = 1_000.0
+
+
+def beat(rank: int, t_s: float, step: int) -> Envelope:
+    ns = int(t_s * 1e9)
+    return Envelope(kind="beat", job="j", rank=rank, host="h", pid=100 + rank, seq=step + 1, sent_ns=ns,
+                    body={"step": [step], "start_ns": [ns - 900_000_000], "end_ns": [ns - 100_000_000],
+                          "comm_ns": [0], "hb_step": step, "since_step_s": 0.1, "dropped": 0, "world_size": 8,
+                          "local_rank": rank, "stacks": None})
+
+
+def feed(stage: ShardStage, partition: int, ranks: list[int], until_s: float, skip: int | None = None,
+         skip_after_s: float = 0.0) -> None:
+    """Beats once a second from T0 to ``until_s``; rank ``skip`` stops after ``skip_after_s``."""
+    t, step = T0, 0
+    while t <= until_s:
+        for r in ranks:
+            if r == skip and t > skip_after_s:
+                continue
+            stage.ingest(partition, beat(r, t, step), t)
+        t, step = t + 1.0, step + 1
+
+
+def summaries(stage: ShardStage, now_s: float) -> list[ShardSummary]:
+    return [ShardSummary.from_body(decode(v).body) for topic, _, v in stage.tick(now_s) if topic.name == "SHARDS"]
+
+
+def test_a_shard_read_late_is_judged_at_its_frontier_not_the_wall_clock() -> None:
+    stage = ShardStage(S, Sender("w", 1))
+    feed(stage, 0, [0, 1, 2, 3], until_s=T0 + 20)
+    stage.mark_read(0, waiting=True)              # more of partition 0 is waiting: we are 40 s behind
+    [late] = summaries(stage, now_s=T0 + 60)
+    assert late.agg["frontier_ns"] == int((T0 + 20) * 1e9) and late.agg["silent"] == 0
+    stage.mark_read(0, waiting=False)             # caught up: nothing came for 40 s, the shard is silent
+    [caught_up] = summaries(stage, now_s=T0 + 60)
+    assert caught_up.agg["frontier_ns"] == int((T0 + 60) * 1e9) and caught_up.agg["silent"] == 4
+
+
+def test_the_dead_rank_rule_judges_each_rank_at_its_shards_frontier() -> None:
+    on_time, late = ShardStage(S, Sender("w1", 1)), ShardStage(S, Sender("w2", 2))
+    now = T0 + 60
+    feed(on_time, 0, [0, 2, 4, 6], until_s=now)
+    # Partition 1 is read 25 s late; rank 5 stopped 15 s before what has been read of it.
+    feed(late, 1, [1, 3, 5, 7], until_s=now - 25, skip=5, skip_after_s=now - 40)
+    late.mark_read(1, waiting=True)
+    mon = JobMonitor(job="j")
+    for s in summaries(on_time, now) + summaries(late, now):
+        mon.add_summary(s)
+    view = mon.view(now, S)
+    assert view is not None
+    assert mon.dead_ranks(view, now, S) == [5]    # not 1, 3 and 7, whose newer beats wait unread
+    alerts = mon.scan(now, S)
+    assert [(a.kind, a.ranks) for a in alerts] == [("dead_rank", [5])]
+
+
+def test_summaries_without_a_frontier_are_judged_at_the_wall_clock() -> None:
+    stage = ShardStage(S, Sender("w", 1))
+    now = T0 + 30
+    feed(stage, 0, [0, 1, 2, 3], until_s=now, skip=2, skip_after_s=T0 + 5)
+    [s] = summaries(stage, now)
+    del s.agg["frontier_ns"]                      # a worker that does not send it
+    mon = JobMonitor(job="j")
+    mon.add_summary(s)
+    view = mon.view(now, S)
+    assert view is not None and mon.dead_ranks(view, now, S) == [2]
