@@ -51,8 +51,8 @@ bench: install native kafka-jars
 	$(BIN)/python -m benchmarks
 
 lint: install
-	$(BIN)/ruff check rankscope producers stream_processors storage dashboard benchmarks tests
-	$(BIN)/mypy rankscope producers stream_processors storage dashboard
+	$(BIN)/ruff check rankscope producers stream_processors offline storage dashboard benchmarks tests
+	$(BIN)/mypy rankscope producers stream_processors offline storage dashboard
 
 clean: down
 	rm -rf $(RANKSCOPE_DATA_DIR) .pytest_cache

@@ -57,7 +57,7 @@ TIMEOUT_S = 3600
 RANKSCOPE_SCRIPT = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from rankscope.stream_processors.analysis.offline import analyze_paths
+from rankscope.offline.analyze import analyze_paths
 rep = analyze_paths(sys.argv[1], hta_compatible=True, diagnose=False)  # HTA's tables only, as HTA computes
 out = {"compute_s": time.perf_counter() - t0,
        "events": sum(f["events"] for f in rep["files"]), "ranks": len(rep["ranks"]),

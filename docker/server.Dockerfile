@@ -7,6 +7,7 @@ COPY pyproject.toml README.md ./
 COPY rankscope rankscope
 COPY producers producers
 COPY stream_processors stream_processors
+COPY offline offline
 COPY storage storage
 COPY dashboard dashboard
 RUN pip wheel --no-cache-dir --no-deps -w /dist .

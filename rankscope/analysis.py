@@ -11,8 +11,8 @@ HTA's ``TraceAnalysis`` mostly runs as it is::
     a.get_causes()                                  # functions of slow ranks by cost (rank-seconds)
     print(a.report_markdown())                      # what ``rankscope analyze`` prints
 
-The numbers are the ones ``rankscope analyze`` and the live pipeline give (the same code,
-``stream_processors/analysis``); ``hta_compatible=True`` applies HTA 0.5's conventions to the
+The numbers are the ones ``rankscope analyze`` and the live pipeline give (the same code:
+``offline/`` and the analyzers it shares with ``stream_processors/analysis``); ``hta_compatible=True`` applies HTA 0.5's conventions to the
 breakdowns so they equal HTA's. Importing this module is cheap: pandas and the analyzers load on
 first use.
 """
@@ -54,13 +54,13 @@ class TraceAnalysis:
     @cached_property
     def traces(self) -> dict[int, Any]:
         """``{rank: kineto.Trace}``: each rank's events table (``Trace.events``) and metadata."""
-        from rankscope.stream_processors.analysis.kineto import load_traces
+        from rankscope.offline.kineto import load_traces
 
         return load_traces(self.paths, extra_columns=True)
 
     @cached_property
     def _events(self) -> pd.DataFrame:
-        from rankscope.stream_processors.analysis.kineto import concat_events
+        from rankscope.offline.kineto import concat_events
 
         return concat_events(self.traces)
 
@@ -68,20 +68,20 @@ class TraceAnalysis:
     def diagnosis(self) -> dict[str, Any]:
         """The window diagnosis as a dict (the processors' report: ``slow_workers``, ``causes``,
         ``collective_arrivals``, PerfTracker's sections ...)."""
-        from rankscope.stream_processors.analysis.diagnosis import diagnose_summaries, rank_summary
+        from rankscope.offline.diagnosis import diagnose_summaries, rank_summary
 
         return diagnose_summaries({r: rank_summary(t) for r, t in self.traces.items()})
 
     # HTA's breakdowns ---------------------------------------------------------------------------
     def get_temporal_breakdown(self) -> pd.DataFrame:
         """Per rank: GPU idle, compute and non-compute time (µs) and shares of the GPU span (HTA's)."""
-        from rankscope.stream_processors.analysis import breakdown as bd
+        from rankscope.offline import breakdown as bd
 
         return bd.temporal_breakdown(self._events, self.hta_compatible)
 
     def get_comm_comp_overlap(self) -> pd.DataFrame:
         """Per rank: the share of communication time overlapped by computation (HTA's)."""
-        from rankscope.stream_processors.analysis import breakdown as bd
+        from rankscope.offline import breakdown as bd
 
         return bd.comm_comp_overlap(self._events, self.hta_compatible)
 
@@ -89,7 +89,7 @@ class TraceAnalysis:
                                  include_memory_kernels: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
         """``(kernel type breakdown over all ranks, top kernels per rank and type)``, as HTA's method
         returns them. Raises ValueError on ``num_kernels`` < 1 or ``duration_ratio`` outside (0, 1]."""
-        from rankscope.stream_processors.analysis import breakdown as bd
+        from rankscope.offline import breakdown as bd
 
         types = bd.kernel_type_breakdown(self._events, self.hta_compatible)
         top = bd.kernel_breakdown_top(self._events, num_kernels, self.hta_compatible, duration_ratio,
@@ -98,7 +98,7 @@ class TraceAnalysis:
 
     def get_idle_time_breakdown(self, consecutive_kernel_delay_us: float = 30.0) -> pd.DataFrame:
         """Per rank and stream: GPU idle time by cause (host_wait, kernel_wait, other; HTA's)."""
-        from rankscope.stream_processors.analysis import breakdown as bd
+        from rankscope.offline import breakdown as bd
 
         return bd.idle_time_breakdown(self._events, self.hta_compatible, consecutive_kernel_delay_us)
 
@@ -149,7 +149,7 @@ class TraceAnalysis:
         import gzip
         import json
 
-        from rankscope.stream_processors.analysis.exporters import kineto_trace
+        from rankscope.offline.exporters import kineto_trace
 
         d = Path(out_dir)
         d.mkdir(parents=True, exist_ok=True)

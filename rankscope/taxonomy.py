@@ -1,5 +1,5 @@
 """The event taxonomy of a PyTorch profiler trace, shared by the ranks' trace windows
-(producers/categories.py) and the offline reader (stream_processors/analysis/kineto_table.py):
+(producers/categories.py) and the offline reader (offline/kineto_table.py):
 category names, which host events are collectives, the runtime activity types and element sizes.
 
 Category names and wire codes (``trace_events.category``; code = index in :data:`CATEGORIES`):

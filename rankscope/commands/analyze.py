@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Analyze ``args.paths``; 0 on success, 2 with a message on stderr on bad input."""
-    from rankscope.stream_processors.analysis.offline import analyze_paths, render_markdown
+    from rankscope.offline.analyze import analyze_paths, render_markdown
 
     if args.top < 1:
         print(f"rankscope analyze: error: --top must be >= 1, got {args.top}", file=sys.stderr)

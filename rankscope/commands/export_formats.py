@@ -1,5 +1,5 @@
-"""The formats of ``rankscope export`` that go back into other tools (``stream_processors/analysis/
-exporters.py``), beside its Chrome trace of a stored window:
+"""The formats of ``rankscope export`` that go back into other tools (``offline/exporters.py``),
+beside its Chrome trace of a stored window:
 
 - ``--traces PATH...`` reads Kineto trace files instead of the store; ``--format kineto`` then
   writes one Kineto JSON per rank (``<out>/rank-<r>.json.gz``, with ``ac2g`` launch -> kernel flows:
@@ -51,7 +51,7 @@ def _write(out: str, data: bytes) -> int | None:
 
 
 def _text(fmt: str, functions: Any, name: str) -> bytes:
-    from rankscope.stream_processors.analysis.exporters import folded_stacks, speedscope
+    from rankscope.offline.exporters import folded_stacks, speedscope
 
     if fmt == "folded":
         return folded_stacks(functions).encode()
@@ -76,7 +76,7 @@ def _stored_traces(events: Any) -> tuple[dict[int, Any], int]:
     """Per rank, a stored window's events as the reader's table, times from the whole µs at or before
     the window's first event (so rounding to µs treats them as their epoch times); and that base (ns
     since the epoch)."""
-    from rankscope.stream_processors.analysis.exporters import stored_events_table
+    from rankscope.offline.exporters import stored_events_table
 
     base = int(events["start_ns"].min()) // 1000 * 1000
     return {int(r): stored_events_table(g.reset_index(drop=True), base)
@@ -87,7 +87,7 @@ def stored_chrome_json(events: Any, job: str, window_id: str) -> bytes:
     """A stored window's events (``storage/windows.py`` ``trace_events``) as one Chrome/Perfetto
     trace with launch -> GPU work flows (``exporters.merged_chrome_trace``); ``otherData`` names the
     window and its ``origin_ns``, the epoch time of ``ts`` 0."""
-    from rankscope.stream_processors.analysis.exporters import merged_chrome_trace
+    from rankscope.offline.exporters import merged_chrome_trace
 
     traces, base = _stored_traces(events)
     doc = merged_chrome_trace(traces, job=job, other={"window_id": window_id, "origin_ns": base})
@@ -98,7 +98,7 @@ def write_stored_kineto(events: Any, job: str, window_id: str, output: str, worl
     """Write a stored window's events as one Kineto JSON per rank (``<output>/rank-<r>.json.gz``,
     default folder ``<window>.kineto``): times in µs from ``baseTimeNanoseconds`` (see
     :func:`_stored_traces`), ``distributedInfo`` with the rank (and ``world_size`` when given). Returns the exit code."""
-    from rankscope.stream_processors.analysis.exporters import kineto_trace
+    from rankscope.offline.exporters import kineto_trace
 
     out_dir = Path(output or f"{window_id}.kineto")
     traces, base = _stored_traces(events)
@@ -151,9 +151,9 @@ def _stored(args: argparse.Namespace, settings: Settings) -> int:
 def _from_traces(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from rankscope.stream_processors.analysis.diagnosis import rank_summary
-    from rankscope.stream_processors.analysis.exporters import kineto_trace, merged_chrome_trace
-    from rankscope.stream_processors.analysis.kineto import load_traces
+    from rankscope.offline.diagnosis import rank_summary
+    from rankscope.offline.exporters import kineto_trace, merged_chrome_trace
+    from rankscope.offline.kineto import load_traces
     from rankscope.stream_processors.analysis.summaries import summary_frames
 
     try:

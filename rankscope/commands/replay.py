@@ -75,8 +75,8 @@ def _err(msg: str) -> int:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from rankscope.stream_processors.analysis.kineto import load_traces
-    from rankscope.stream_processors.analysis.replay import event_dicts, skipped_count, time_offsets_ns
+    from rankscope.offline.kineto import load_traces
+    from rankscope.offline.replay import event_dicts, skipped_count, time_offsets_ns
 
     job = args.job.strip()
     if not job or "/" in job:

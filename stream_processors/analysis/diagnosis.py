@@ -1,15 +1,11 @@
 """The window diagnosis (slow workers, causes, collective arrivals, PerfTracker's sections) from
-per-rank summaries, live or recorded.
+per-rank summary frames, live or recorded.
 
-The processors and ``rankscope analyze`` run the same steps:
+The live window collector (``stream_processors/windows.py``) and the offline diagnosis
+(``rankscope.offline.diagnosis``) run the same steps on each rank's summary body:
 
-1. each rank's events are summarised by the ranks' own summarizer (``rankscope.producers.trace_events``:
-   :func:`rank_summary` runs it offline on a recorded trace, as ``rankscope replay`` does before
-   shipping the summary);
-2. the summary body goes through the wire codec (:func:`rankscope.wire.encode` / ``decode``), as a
-   live summary does on its way through Kafka;
-3. :func:`summaries.summary_frames` turns it into frames;
-4. :func:`report_from_frames` builds the report (``report.build_report``).
+1. :func:`summaries.summary_frames` turns it into frames;
+2. :func:`report_from_frames` builds the report (``report.build_report``).
 """
 
 from __future__ import annotations
@@ -19,35 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from rankscope.stream_processors.analysis.kineto import Trace
-from rankscope.stream_processors.analysis.replay import epoch_base_ns, event_dicts
 from rankscope.stream_processors.analysis.report import build_report
-from rankscope.stream_processors.analysis.summaries import summary_frames
-from rankscope.wire import Envelope, decode, encode
 
-__all__ = ["OFFLINE_WINDOW", "diagnose_summaries", "rank_summary", "report_from_frames"]
-
-OFFLINE_WINDOW = "offline-0"
-
-
-def rank_summary(trace: Trace, window_id: str = OFFLINE_WINDOW) -> dict[str, Any]:
-    """The ``summary`` body a rank would send for ``trace`` as one window (with collective
-    arrivals), read back through the wire codec. ``trace`` must be loaded with
-    ``extra_columns=True`` (Python stacks, memcpy bytes). Raises ValueError when nothing in it is
-    replayable."""
-    # The rank's summarizer itself, so offline numbers are the live pipeline's (a layering exception).
-    from rankscope.producers.trace_events import summarize, summary_body, to_columnar
-    from rankscope.producers.trace_window import collective_arrivals
-
-    events = event_dicts(trace.events, offset_ns=epoch_base_ns(trace.metadata))
-    if not events:
-        raise ValueError(f"{trace.path}: no kernel, memcpy, runtime, op, python or annotation events")
-    cols = to_columnar(events, window_id, None)
-    body = summary_body(cols, summarize(cols, compact_paths=True), events_sent=len(events), truncated=False,
-                        status="complete")
-    body.update(request_id=window_id.rsplit("-", 1)[0], request_ranks=None, arrivals=collective_arrivals(cols))
-    env = Envelope(kind="summary", job="offline", rank=trace.rank, host="offline", pid=0, seq=1, sent_ns=0, body=body)
-    return decode(encode(env)).body
+__all__ = ["report_from_frames"]
 
 
 def report_from_frames(frames: Mapping[int, pd.DataFrame], arrivals: Mapping[int, pd.DataFrame], *, job: str,
@@ -56,24 +26,3 @@ def report_from_frames(frames: Mapping[int, pd.DataFrame], arrivals: Mapping[int
     df = pd.concat([frames[r] for r in sorted(frames)], ignore_index=True)
     arr = pd.concat([arrivals[r] for r in sorted(arrivals)], ignore_index=True) if arrivals else None
     return build_report(df, arr, job=job, window_id=window_id, world_size=world_size, expected_ranks=expected_ranks)
-
-
-def diagnose_summaries(bodies: Mapping[int, dict[str, Any]], *, job: str = "", window_id: str = OFFLINE_WINDOW,
-                       world_size: int | None = None) -> dict[str, Any]:
-    """The report over ``{rank: summary body}`` (:func:`rank_summary`), with each rank's steps.
-
-    ``world_size`` None means the ranks given (as for a replayed window, whose job has no live
-    ranks). Raises ValueError on no bodies or malformed ones."""
-    if not bodies:
-        raise ValueError("no summaries to diagnose")
-    frames: dict[int, pd.DataFrame] = {}
-    arrivals: dict[int, pd.DataFrame] = {}
-    for rank, body in bodies.items():
-        fn, arr = summary_frames(int(rank), body)
-        frames[int(rank)] = fn
-        if arr is not None:
-            arrivals[int(rank)] = arr
-    report = report_from_frames(frames, arrivals, job=job, window_id=window_id, world_size=world_size,
-                                expected_ranks=None)
-    report["steps"] = {str(r): [bodies[r].get("first_step"), bodies[r].get("last_step")] for r in sorted(bodies)}
-    return report

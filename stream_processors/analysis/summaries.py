@@ -1,7 +1,7 @@
 """One rank's window summary body (the ``summary`` message) -> the frames the report reads. Pure.
 
 Shared by the live window collector (``stream_processors/windows.py``) and the offline diagnosis
-(``diagnosis.py``), so a recorded trace and a live window reach :func:`report.build_report` the
+(``rankscope.offline.diagnosis``), so a recorded trace and a live window reach :func:`report.build_report` the
 same way.
 """
 

@@ -158,7 +158,7 @@ def test_reports_page_in_a_browser_on_a_replayed_window(kafka_settings, tmp_path
     from served import ROOT, free_port, served, streamlit_cmd
 
     from tests.integration.replayed import processors, replayed_report
-    from tests.stream_processors.analysis.trace_sets import slow_rank_set
+    from tests.offline.trace_sets import slow_rank_set
 
     job = f"rb-{uuid.uuid4().hex[:6]}"
     with processors(kafka_settings, tmp_path, f"rb{uuid.uuid4().hex[:8]}.") as settings:

@@ -10,7 +10,7 @@ import pytest
 
 from rankscope.config import Settings
 from tests.integration.replayed import offline_report, processors, replayed_report
-from tests.stream_processors.analysis.trace_sets import DATA, slow_rank_set
+from tests.offline.trace_sets import DATA, slow_rank_set
 
 pytestmark = pytest.mark.kafka
 

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from rankscope.analysis import TraceAnalysis
-from rankscope.stream_processors.analysis.offline import analyze_paths
-from tests.stream_processors.analysis.trace_sets import DATA, slow_rank_set
+from rankscope.offline.analyze import analyze_paths
+from tests.offline.trace_sets import DATA, slow_rank_set
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ import pytest
 
 from benchmarks.offline_vs_hta import hta_python
 from rankscope.cli import main
-from rankscope.stream_processors.analysis.kineto import load_traces
-from tests.stream_processors.analysis.test_exporters import HTA_SCRIPT
-from tests.stream_processors.analysis.trace_sets import DATA
+from rankscope.offline.kineto import load_traces
+from tests.offline.test_exporters import HTA_SCRIPT
+from tests.offline.trace_sets import DATA
 
 T0 = (time.time_ns() // 10**9 - 3600) * 10**9
 
@@ -65,11 +65,11 @@ def stored_recording(tmp_path: Path) -> Iterator[str]:
     """A recorded A100 NCCL trace (cuda_runtime launches and kernels with correlation ids) stored as a
     live window is: the ranks' columnar code and chunks, the wire, the sink's row code, chDB."""
     from rankscope.commands.replay import window_messages
+    from rankscope.offline.kineto import load_trace
+    from rankscope.offline.replay import epoch_base_ns, event_dicts
     from rankscope.storage.columns import TABLE_COLUMNS, Columns
     from rankscope.storage.rows import summary_columns, trace_columns
     from rankscope.storage.store import close_store, open_store
-    from rankscope.stream_processors.analysis.kineto import load_trace
-    from rankscope.stream_processors.analysis.replay import epoch_base_ns, event_dicts
     from rankscope.wire import Envelope, decode, encode
 
     t = load_trace(A100 / "nccl_data.json.gz", extra_columns=True)
@@ -95,9 +95,9 @@ def stored_recording(tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.clickhouse
 def test_stored_window_as_kineto_and_chrome_with_flows(stored_recording: str, tmp_path: Path) -> None:
-    from rankscope.stream_processors.analysis.exporters import kineto_trace
-    from rankscope.stream_processors.analysis.kineto import load_trace
-    from rankscope.stream_processors.analysis.offline import analyze_paths
+    from rankscope.offline.analyze import analyze_paths
+    from rankscope.offline.exporters import kineto_trace
+    from rankscope.offline.kineto import load_trace
 
     assert main(["export", "--clickhouse-dsn", stored_recording, "--job", "jobR", "--window", "rec1",
                  "--format", "kineto", "-o", str(tmp_path / "k")]) == 0

@@ -1,7 +1,9 @@
 """The import layering, enforced: the protocol and shared rules (the ground layer, rankscope/) import
 none of the runtimes; producers, processors, sink and dashboard import the ground layer and not
-each other; the CLI imports the runtimes it drives but not the dashboard; nothing imports the CLI
-or the dashboard except their own entry points (``rankscope/__main__.py`` and ``storage/serve.py``).
+each other; the offline analysis (offline/) imports the processors' pure analyzers, the ranks'
+summarizer and the store, and nothing live imports it; the CLI imports the runtimes it drives but
+not the dashboard; nothing imports the CLI or the dashboard except their own entry points
+(``rankscope/__main__.py`` and ``storage/serve.py``).
 
 Every import counts, also the ones inside functions (they are how optional parts load lazily).
 """
@@ -12,27 +14,26 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-RUNTIMES = ("producers", "stream_processors", "storage", "dashboard")
+RUNTIMES = ("producers", "stream_processors", "offline", "storage", "dashboard")
 CLI = ("rankscope.cli", "rankscope.commands", "rankscope.__main__")
 
 # package -> the packages it may import besides itself and the ground layer
 MAY_IMPORT = {
     "producers": set(),
     "stream_processors": set(),
+    "offline": {"stream_processors", "producers", "storage"},   # shared analyzers, the ranks' summarizer
     "storage": set(),
     "dashboard": {"storage"},          # the pages read the store
     "rankscope": set(),                # the ground layer
-    "cli": {"producers", "stream_processors", "storage"},   # rankscope.cli and rankscope.commands
+    "cli": {"producers", "stream_processors", "offline", "storage"},   # rankscope.cli and rankscope.commands
     "demo": set(),                     # the example job: the tracer through the ground layer's facade
 }
 # Named exceptions, each with its reason.
 ALLOWED = {
     ("rankscope/__init__.py", "producers"): "the public facade: `from rankscope import Tracer` loads it lazily",
     ("storage/serve.py", "dashboard"): "serve is the dashboard's entry point (it starts the Streamlit app)",
-    ("rankscope/analysis.py", "stream_processors"): "the notebook facade: loads the offline analyzers lazily, "
+    ("rankscope/analysis.py", "offline"): "the notebook facade: loads the offline analyzers lazily, "
         "as rankscope/__init__.py loads the tracer",
-    ("stream_processors/analysis/diagnosis.py", "producers"): "the offline diagnosis summarises recorded traces "
-        "with the ranks' own summarizer (loaded lazily), so its report is the live pipeline's",
 }
 
 
@@ -90,12 +91,17 @@ def test_the_layers_import_only_downwards():
 
 def test_the_check_sees_a_violation(tmp_path, monkeypatch):
     """The scan itself: an import of the CLI from a runtime is found, also inside a function, and so
-    is an import of the dashboard from the CLI."""
+    are an import of the offline analysis from the processors and of the dashboard from the CLI."""
     fake = tmp_path / "stream_processors"
     fake.mkdir()
     (fake / "bad.py").write_text("def f():\n    from rankscope.commands.trace import run\n")
     (fake / "ok.py").write_text("from rankscope.wire import decode\nfrom rankscope.stream_processors import app\n")
     (fake / "also_bad.py").write_text("from rankscope.producers.tracer import Tracer\n")
+    (fake / "offline_bad.py").write_text("def f():\n    from rankscope.offline.kineto import load_trace\n")
+    offline = tmp_path / "offline"
+    offline.mkdir()
+    (offline / "ok.py").write_text("from rankscope.stream_processors.analysis.report import build_report\n"
+                                   "from rankscope.producers.trace_events import summarize\n")
     commands = tmp_path / "rankscope" / "commands"
     commands.mkdir(parents=True)
     (commands / "bad.py").write_text("def run():\n    from rankscope.dashboard import queries\n")
@@ -104,6 +110,7 @@ def test_the_check_sees_a_violation(tmp_path, monkeypatch):
     assert violations() == [
         "stream_processors/also_bad.py imports rankscope.producers.tracer (stream_processors -> producers)",
         "stream_processors/bad.py imports rankscope.commands.trace (stream_processors -> cli)",
+        "stream_processors/offline_bad.py imports rankscope.offline.kineto (stream_processors -> offline)",
         "rankscope/commands/bad.py imports rankscope.dashboard (cli -> dashboard)"]
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rankscope.offline.kineto import load_trace
 from rankscope.producers.categories import classify
-from rankscope.stream_processors.analysis.kineto import load_trace
 from rankscope.taxonomy import CATEGORIES, dtype_bytes, is_collective_name
 
 HOST_EVENTS = [

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("rankscope", "producers", "stream_processors", "storage", "dashboard")
+PACKAGES = ("rankscope", "producers", "stream_processors", "offline", "storage", "dashboard")
 RUNTIMES = PACKAGES[1:]           # installed as rankscope.producers, rankscope.storage, ...
 # Every data file a package reads at run time, as globs in the repo.
 DATA_GLOBS = ("storage/*.sql", "storage/migrations/*", "rankscope/kafka/*",

@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 
 from rankscope.cli import main
-from rankscope.stream_processors.analysis import breakdown as bd
-from rankscope.stream_processors.analysis.kineto import concat_events, load_trace, load_traces
-from rankscope.stream_processors.analysis.offline import analyze_paths, render_markdown
+from rankscope.offline import breakdown as bd
+from rankscope.offline.analyze import analyze_paths, render_markdown
+from rankscope.offline.kineto import concat_events, load_trace, load_traces
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 SETS = ["hta_sampled2", "resnet_mi300_pyfn", "hta_nccl_meta_a100"]
 REL = 0.005  # 0.5 %
 

@@ -10,19 +10,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rankscope.producers.trace_events import CATEGORIES, chunk, summarize, summary_body, to_columnar
-from rankscope.producers.trace_window import collective_arrivals
-from rankscope.stream_processors.analysis.kineto import load_trace, load_traces
-from rankscope.stream_processors.analysis.replay import (
+from rankscope.offline.kineto import load_trace, load_traces
+from rankscope.offline.replay import (
     epoch_base_ns,
     event_dicts,
     event_types,
     skipped_count,
     time_offsets_ns,
 )
+from rankscope.producers.trace_events import CATEGORIES, chunk, summarize, summary_body, to_columnar
+from rankscope.producers.trace_window import collective_arrivals
 from rankscope.wire import Envelope, decode, encode
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TYPES = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cpu_op", "python_function", "user_annotation",
          "gpu_user_annotation"}
 

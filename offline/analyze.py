@@ -1,5 +1,5 @@
 """Offline report over Kineto trace files (``rankscope analyze``): HTA-compatible GPU time
-breakdowns next to the window diagnosis the processors build (``diagnosis.py``: slow workers,
+breakdowns next to the window diagnosis the processors build (``offline/diagnosis.py``: slow workers,
 causes, collective arrivals, PerfTracker's sections, under the report's ``diagnosis`` key).
 
 :func:`analyze_traces` is pure (loaded traces in, JSON-able dict out); :func:`analyze_paths` adds
@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 
 from rankscope import report_view
-from rankscope.stream_processors.analysis import breakdown as bd
-from rankscope.stream_processors.analysis.diagnosis import diagnose_summaries, rank_summary
-from rankscope.stream_processors.analysis.kineto import Trace, concat_events, expand_paths, load_trace
+from rankscope.offline import breakdown as bd
+from rankscope.offline.diagnosis import diagnose_summaries, rank_summary
+from rankscope.offline.kineto import Trace, concat_events, expand_paths, load_trace
 
 __all__ = ["REPORT_SCHEMA", "analyze_paths", "analyze_traces", "render_markdown"]
 
@@ -164,7 +164,7 @@ def analyze_paths(
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(["rankscope.stream_processors.analysis.offline"])
+        ctx.set_forkserver_preload(["rankscope.offline.analyze"])
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         parts = []
         for f, part in zip(files, pool.map(_analyze_file, files, repeat(hta_compatible), repeat(top_k),

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rankscope.stream_processors.analysis.kineto import GPU_WORK_CATEGORIES
+from rankscope.offline.kineto import GPU_WORK_CATEGORIES
 
 __all__ = [
     "COMMUNICATION",

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rankscope.stream_processors.analysis.kineto import (
+from rankscope.offline.kineto import (
     CATEGORIES,
     TraceFormatError,
     concat_events,
@@ -21,7 +21,7 @@ from rankscope.stream_processors.analysis.kineto import (
     load_traces,
 )
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 SETS = {
     "hta_sampled2": {"ranks": [0, 1], "steps": [551, 552], "device": None},
     "resnet_mi300_pyfn": {"ranks": [0], "steps": [15, 16, 17], "device": "AMD Instinct MI300X"},

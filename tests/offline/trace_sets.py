@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _load(path: Path) -> dict[str, Any]:

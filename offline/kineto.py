@@ -49,7 +49,7 @@ from typing import Any
 import msgspec
 import pandas as pd
 
-from rankscope.stream_processors.analysis.kineto_table import CATEGORIES, GPU_WORK_CATEGORIES, events_frame
+from rankscope.offline.kineto_table import CATEGORIES, GPU_WORK_CATEGORIES, events_frame
 
 __all__ = [
     "CATEGORIES",

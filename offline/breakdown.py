@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rankscope.stream_processors.analysis.conventions import (
+from rankscope.offline.conventions import (
     ANALYZED_TYPES,
     COMMUNICATION,
     COMPUTATION,

@@ -12,16 +12,16 @@ import pandas as pd
 import pytest
 
 from benchmarks.offline_vs_hta import hta_python
-from rankscope.stream_processors.analysis.exporters import (
+from rankscope.offline.analyze import analyze_paths
+from rankscope.offline.exporters import (
     folded_stacks,
     kineto_trace,
     merged_chrome_trace,
     speedscope,
 )
-from rankscope.stream_processors.analysis.kineto import load_trace
-from rankscope.stream_processors.analysis.offline import analyze_paths
+from rankscope.offline.kineto import load_trace
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 SETS = ("hta_sampled2", "resnet_mi300_pyfn", "hta_nccl_meta_a100")
 TABLES = ("temporal_breakdown", "comm_comp_overlap", "kernel_type_breakdown", "idle_time_breakdown", "top_kernels")
 
