@@ -22,7 +22,7 @@ stream_processors/monitor.py publishes the verdict.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,16 +67,19 @@ def silent_after_s(settings: Settings) -> float:
     return max(settings.dead_after_s, 3 * settings.heartbeat_s)
 
 
-def silent_ranks(rows: Iterable[Row], first_failure_ns: int, now_s: float,
-                 settings: Settings) -> tuple[list[Failure], bool]:
+def silent_ranks(rows: Iterable[Row], first_failure_ns: int, now_s: float, settings: Settings,
+                 frontier_s: Mapping[int, float] | None = None) -> tuple[list[Failure], bool]:
     """The ranks that went silent before the first failure on record, as :class:`Failure` records
     (reason :data:`SILENT`, time = their last message), and whether some rank may still turn out
-    silent: its last message also precedes the first failure, but for less than :func:`silent_after_s`."""
+    silent: its last message also precedes the first failure, but for less than :func:`silent_after_s`.
+    Silence is judged at each rank's shard frontier (``frontier_s``, as the dead-rank rule does)
+    when given: a rank whose partition is read late is not taken for silent."""
     silent, pending = [], False
+    frontier = frontier_s or {}
     for r in rows:
         if r.exit_reason or r.hb_ns <= 0 or r.hb_ns > first_failure_ns:
             continue
-        if now_s - r.hb_ns / 1e9 > silent_after_s(settings):
+        if min(now_s, frontier.get(r.rank, now_s)) - r.hb_ns / 1e9 > silent_after_s(settings):
             silent.append(Failure(rank=r.rank, host=r.host, pid=r.pid, exit_ns=r.hb_ns, step=r.last_step,
                                   reason=SILENT, exc_type="", detail=SILENT_DETAIL, frames=[]))
         else:

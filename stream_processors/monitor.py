@@ -198,7 +198,7 @@ class JobMonitor:
         """rank_failed: the first rank to fail (stream_processors/failures.py), once its peers had time
         to fail too and every rank that may have gone silent before them is known to have or not."""
         first_ns = view.failures[0].exit_ns if view.failures else 0
-        silent, pending = failures.silent_ranks(view.rows.values(), first_ns, now_s, settings)
+        silent, pending = failures.silent_ranks(view.rows.values(), first_ns, now_s, settings, view.frontier_s)
         verdict = failures.attribute(view.failures, silent)
         cur = self.incidents.get("rank_failed")
         if verdict is None:

@@ -76,3 +76,18 @@ def test_summaries_without_a_frontier_are_judged_at_the_wall_clock() -> None:
     mon.add_summary(s)
     view = mon.view(now, S)
     assert view is not None and mon.dead_ranks(view, now, S) == [2]
+
+
+def test_a_rank_read_late_is_not_taken_for_silent_before_a_failure() -> None:
+    from rankscope.stream_processors.failures import silent_ranks
+    from rankscope.stream_processors.summary import Row
+
+    now = T0 + 60
+    first_failure_ns = int((now - 20) * 1e9)
+    row = Row(rank=5, host="h", pid=105, last_step=30, last_step_end_ns=int((now - 31) * 1e9),
+              hb_ns=int((now - 30) * 1e9), hb_since_s=0.1, step_med_ns=1, busy_med_ns=1, window_steps=1,
+              stack_sig="", waiting=-1, exit_reason="", exit_detail="", dropped=0)
+    assert [f.rank for f in silent_ranks([row], first_failure_ns, now, S)[0]] == [5]
+    # Its partition has been read up to 1 s after its last beat: nothing says it stopped.
+    silent, pending = silent_ranks([row], first_failure_ns, now, S, {5: now - 29})
+    assert silent == [] and pending
