@@ -189,11 +189,15 @@ class RowBuilder:
                 state["local_rank"] = local_rank
             state["last_seen_ns"] = seen
             job = self.jobs.get(env.job)
-            if job is not None and 0 < job["first_seen_ns"] <= seen and seen >= job["last_seen_ns"]:
-                # merge_job's common case
-                if world_size > 0:
+            if job is not None and 0 < job["first_seen_ns"] <= seen:
+                # merge_job's common cases: a newer observation, or an older one (beats of other
+                # partitions read first) that only fills an unknown world size
+                if seen >= job["last_seen_ns"]:
+                    if world_size > 0:
+                        job["world_size"] = world_size
+                    job["last_seen_ns"] = seen
+                elif world_size > 0 and job["world_size"] <= 0:
                     job["world_size"] = world_size
-                job["last_seen_ns"] = seen
                 batch.ranks.add(key)
                 batch.jobs.add(env.job)
                 return

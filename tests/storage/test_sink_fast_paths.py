@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
 from rankscope.storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
+from rankscope.storage.convert import Batch, RowBuilder
 from rankscope.storage.rows import hw_columns, hw_columns_checked, stats_rows, stats_tuples
-from rankscope.wire import Envelope
+from rankscope.topics import Topic
+from rankscope.wire import Envelope, encode
 
 
 def _env(kind: str, body: dict[str, Any]) -> Envelope:
@@ -67,3 +70,36 @@ def test_stats_tuples_match_stats_rows_and_reject_alike() -> None:
         with pytest.raises(InvalidMessage) as checked:
             stats_rows(b)
         assert str(fast.value) == str(checked.value)
+
+
+class CheckedBeats(RowBuilder):
+    """Every beat through split_beat and the checked per-kind paths."""
+
+    def _beat(self, env: Envelope, batch: Batch) -> bool:
+        return False
+
+
+def test_beat_fast_path_gives_the_rows_and_state_of_the_split_pair() -> None:
+    rng = random.Random(3)
+    fast, checked = RowBuilder(), CheckedBeats()
+    b_fast, b_checked = Batch(started_at=0), Batch(started_at=0)
+    for i in range(3000):
+        rank = rng.randrange(6)
+        job = rng.choice(["a", "b"])
+        sent = 1_000_000 + rng.randrange(200) * 1000      # out of order across ranks and jobs
+        n = rng.choice([0, 1, 1, 1, 3])
+        first = rng.randrange(50)
+        steps = list(range(first, first + n))
+        body = {"step": steps, "start_ns": [s * 10 for s in steps], "end_ns": [s * 10 + 7 for s in steps],
+                "comm_ns": [rng.randrange(9) for _ in steps], "hb_step": first + n - 1 if n else rng.randrange(50),
+                "since_step_s": rng.choice([0.5, 1, 2.25]), "dropped": rng.randrange(3),
+                "world_size": rng.choice([-1, 8, 8, 16]), "local_rank": rng.choice([-1, rank]),
+                "stacks": rng.choice([None, None, [{"thread": "MainThread", "frames": ["f.py:1 g"]}]])}
+        env = Envelope(kind="beat", job=job, rank=rank, host=rng.choice(["", "h1", "h2"]),
+                       pid=rng.choice([7, 7, 7, 8]), seq=i, sent_ns=sent, body=body)
+        data = encode(env)
+        fast.add(Topic.STEPS, data, b_fast)
+        checked.add(Topic.STEPS, data, b_checked)
+        assert fast.ranks == checked.ranks and fast.jobs == checked.jobs, i
+    assert b_fast.rows == b_checked.rows and b_fast.ranks == b_checked.ranks and b_fast.jobs == b_checked.jobs
+    assert {t: c.data for t, c in b_fast.tables.items()} == {t: c.data for t, c in b_checked.tables.items()}
