@@ -134,8 +134,14 @@ def _fast_envelope(obj: dict[str, Any]) -> Envelope | None:
     check = _FAST_BODY_CHECKS.get(kind)
     if check is None or not check(body):
         return None
-    # Envelope's generated __init__ sets each field through object.__setattr__ (it is frozen), which
-    # costs more than the checks above; filling the instance dict gives the same object.
+    return _trusted_envelope(kind, job, rank, host, pid, seq, sent_ns, body, v)
+
+
+def _trusted_envelope(kind: str, job: str, rank: int, host: str, pid: int, seq: int, sent_ns: int,
+                      body: dict[str, Any], v: int) -> Envelope:
+    """An Envelope of fields already checked. Envelope's generated __init__ sets each field through
+    object.__setattr__ (it is frozen), which costs more than the checks; filling the instance dict
+    gives the same object."""
     env = _new_object(Envelope)
     env.__dict__.update(kind=kind, job=job, rank=rank, host=host, pid=pid, seq=seq, sent_ns=sent_ns, body=body, v=v)
     return env
@@ -261,7 +267,6 @@ def split_beat(env: Envelope) -> tuple[Envelope, Envelope]:
     steps = {c: b[c] for c in STEP_COLUMNS}
     hb = {"step": b["hb_step"], **{f: b[f] for f in HEARTBEAT_FIELDS}}
     def part(kind: str, body: dict[str, Any]) -> Envelope:
-        return Envelope(kind=kind, job=env.job, rank=env.rank, host=env.host, pid=env.pid, seq=env.seq,
-                        sent_ns=env.sent_ns, body=body, v=env.v)
+        return _trusted_envelope(kind, env.job, env.rank, env.host, env.pid, env.seq, env.sent_ns, body, env.v)
 
     return part("steps", steps), part("heartbeat", hb)

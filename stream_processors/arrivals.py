@@ -30,7 +30,7 @@ from collections import deque
 from typing import Any
 
 from rankscope.last_arrivals import Step, latest_horizon
-from rankscope.wire import Envelope, WireError, split_beat
+from rankscope.wire import Envelope, WireError
 
 ARRIVAL_STEPS = 128        # passed steps per shard summary (about 3 KB)
 MAX_PENDING_STEPS = 2048   # steps a shard or the ledger holds while a rank lags behind
@@ -48,9 +48,7 @@ class ShardArrivals:
     def add(self, env: Envelope, after_step: int) -> None:
         """Take the step records of a ``steps`` or ``beat`` message above ``after_step`` (the rank's
         last step before this message was folded: re-read records are not counted twice)."""
-        if env.kind == "beat":
-            env = split_beat(env)[0]
-        if env.kind != "steps":
+        if env.kind != "steps" and env.kind != "beat":   # a beat's body holds the same step columns
             return
         b = env.body
         for s, a, e, c in zip(b["step"], b["start_ns"], b["end_ns"], b["comm_ns"], strict=True):
