@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,21 @@ def parse_trace_request(request_id: str, args: dict[str, Any], ranks: list[int] 
                         start_at_ns=sent_ns + lead_ns, start_step=start_step, ranks=ranks)
 
 
+START_MARGIN_MS = 2000
+
+
+def start_positions(consumer: Any, topic: str, partitions: list[int], since_ms: int) -> list[Any]:
+    """Per partition, the first offset of a message produced at or after ``since_ms``, or the end of
+    the partition as it was before the lookup when there is none (a message produced after the
+    lookup then has an offset past that end, and is read)."""
+    from confluent_kafka import TopicPartition
+
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5.0)[1] for p in partitions}
+    found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in partitions], timeout=5.0)
+    return [TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else ends[tp.partition])
+            for tp in found]
+
+
 class ControlListener:
     """Reads commands for (job, rank); calls ``handler(command, request_id, args, ranks, sent_ns)``.
 
@@ -91,6 +107,9 @@ class ControlListener:
                  reject: Callable[[str, str], None], consumer: Any = None) -> None:
         self.job, self.rank, self.topic = job, rank, topic
         self._handler, self._reject = handler, reject
+        # Commands produced from this time on are read, however late the consumer gets positioned
+        # (a rank starved of CPU may take seconds): less a margin for clock skew between hosts.
+        self.since_ms = int(time.time() * 1000) - START_MARGIN_MS
         self._stop = threading.Event()
         self.rejected = 0
         self._consumer = consumer
@@ -109,7 +128,7 @@ class ControlListener:
             self._thread.join(timeout_s)
 
     def _make_consumer(self) -> Any:
-        from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+        from confluent_kafka import Consumer
 
         # A long poll: the broker answers a fetch as soon as a command arrives, so waiting up to 5 s
         # (librdkafka's default is 0.5 s) costs no latency and cuts an idle rank's fetch requests
@@ -132,7 +151,7 @@ class ControlListener:
         parts = md.topics[self.topic].partitions if self.topic in md.topics else {}
         if not parts:
             raise RuntimeError(f"control topic {self.topic} not found")
-        c.assign([TopicPartition(self.topic, p, OFFSET_END) for p in parts])
+        c.assign(start_positions(c, self.topic, list(parts), self.since_ms))
         return c
 
     def _run(self) -> None:
