@@ -14,6 +14,7 @@ beside its Chrome trace of a stored window:
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import sys
@@ -102,21 +103,33 @@ def write_stored_kineto(events: Any, job: str, window_id: str, output: str, worl
 
     out_dir = Path(output or f"{window_id}.kineto")
     traces, base = _stored_traces(events)
+
+    def doc(rank: int, table: Any) -> dict[str, Any]:
+        info: dict[str, Any] = {"rank": rank}
+        if world_size is not None:
+            info["world_size"] = world_size
+        meta = {"schemaVersion": 1, "distributedInfo": info, "baseTimeNanoseconds": base,
+                "traceName": f"{job} {window_id} rank {rank}"}
+        return kineto_trace(table, meta, "us")
+
+    rc = _write_kineto_dir(out_dir, {rank: functools.partial(doc, rank, t) for rank, t in traces.items()})
+    if rc is None:
+        print(f"window {window_id} of job {job}: {len(events)} events from {len(traces)} ranks written to "
+              f"{out_dir}/rank-<r>.json.gz")
+    return rc or 0
+
+
+def _write_kineto_dir(out_dir: Path, docs: dict[int, Any]) -> int | None:
+    """Write ``<out_dir>/rank-<r>.json.gz`` for each rank, its document made by ``docs[r]()`` (one at a
+    time, so one rank's JSON is in memory at once). None when written, else the exit code."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        for rank, t in traces.items():
-            info: dict[str, Any] = {"rank": rank}
-            if world_size is not None:
-                info["world_size"] = world_size
-            meta = {"schemaVersion": 1, "distributedInfo": info, "baseTimeNanoseconds": base,
-                    "traceName": f"{job} {window_id} rank {rank}"}
-            doc = kineto_trace(t, meta, "us")
-            (out_dir / f"rank-{rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
+        for rank, make in docs.items():
+            (out_dir / f"rank-{rank}.json.gz").write_bytes(
+                gzip.compress(json.dumps(make()).encode(), compresslevel=1))
     except OSError as e:
         return _err(f"cannot write {out_dir}: {e.strerror or e}", 2)
-    print(f"window {window_id} of job {job}: {len(events)} events from {len(traces)} ranks written to "
-          f"{out_dir}/rank-<r>.json.gz")
-    return 0
+    return None
 
 
 def _stored(args: argparse.Namespace, settings: Settings) -> int:
@@ -164,15 +177,11 @@ def _from_traces(args: argparse.Namespace) -> int:
         out_dir = Path(args.output or "kineto")
         if args.output == "-":
             return _err("--format kineto writes one file per rank: give -o FOLDER", 2)
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            for rank, t in traces.items():
-                doc = kineto_trace(t.events, t.metadata, t.time_unit)
-                (out_dir / f"rank-{rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
-        except OSError as e:
-            return _err(f"cannot write {out_dir}: {e.strerror or e}", 2)
-        print(f"{len(traces)} Kineto traces written to {out_dir}/rank-<r>.json.gz")
-        return 0
+        rc = _write_kineto_dir(out_dir, {rank: functools.partial(kineto_trace, t.events, t.metadata, t.time_unit)
+                                         for rank, t in traces.items()})
+        if rc is None:
+            print(f"{len(traces)} Kineto traces written to {out_dir}/rank-<r>.json.gz")
+        return rc or 0
     if args.format == "chrome":
         data = json.dumps(merged_chrome_trace({r: t.events for r, t in traces.items()})).encode()
         out = args.output or "merged.trace.json"

@@ -9,8 +9,9 @@ import json
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,12 +24,25 @@ from tests.offline.trace_sets import DATA
 T0 = (time.time_ns() // 10**9 - 3600) * 10**9
 
 
-@pytest.fixture
-def stored(tmp_path: Path) -> Iterator[str]:
+def stored_dsn(tmp_path: Path, fill: Callable[[Any], None]) -> Iterator[str]:
+    """A chDB store filled by ``fill(store)`` and closed again, so that ``rankscope export`` opens it."""
     from rankscope.storage.store import close_store, open_store
 
     dsn = f"chdb://{tmp_path / 'ch'}"
-    store = open_store(dsn)
+    fill(open_store(dsn))
+    close_store(dsn)
+    try:
+        yield dsn
+    finally:
+        close_store(dsn)
+
+
+@pytest.fixture
+def stored(tmp_path: Path) -> Iterator[str]:
+    yield from stored_dsn(tmp_path, fill_summaries)
+
+
+def fill_summaries(store: Any) -> None:
     rows = [{"job": "jobA", "window_id": "tw1-0", "rank": r, "category": c, "name": n, "count": 1, "total_ns": e,
              "median_ns": e, "p95_ns": e, "max_ns": e, "exclusive_ns": e, "window_ns": 10**9}
             for r, c, n, e in [(0, "python", "main;train", 2_000_000), (0, "python", "main;train;step", 5_000_000),
@@ -37,11 +51,6 @@ def stored(tmp_path: Path) -> Iterator[str]:
     store.insert("trace_windows", [{"job": "jobA", "window_id": "tw1-0", "rank": r, "status": "complete",
                                     "first_step": 3, "last_step": 3, "start_ns": T0, "end_ns": T0 + 10_000,
                                     "events": 1, "truncated": 0, "updated_ns": T0} for r in (0, 1)])
-    close_store(dsn)
-    try:
-        yield dsn
-    finally:
-        close_store(dsn)
 
 
 @pytest.mark.clickhouse
@@ -56,6 +65,7 @@ def test_stored_window_as_folded_and_speedscope(stored: str, tmp_path: Path) -> 
     doc = json.loads(sp.read_text())
     assert [p["name"] for p in doc["profiles"]] == ["rank 0", "rank 1"]
 
+
 A100 = DATA / "hta_nccl_meta_a100"
 TABLES = ("temporal_breakdown", "comm_comp_overlap", "kernel_type_breakdown", "idle_time_breakdown", "top_kernels")
 
@@ -69,7 +79,6 @@ def stored_recording(tmp_path: Path) -> Iterator[str]:
     from rankscope.offline.replay import epoch_base_ns, event_dicts
     from rankscope.storage.columns import TABLE_COLUMNS, Columns
     from rankscope.storage.rows import summary_columns, trace_columns
-    from rankscope.storage.store import close_store, open_store
     from rankscope.wire import Envelope, decode, encode
 
     t = load_trace(A100 / "nccl_data.json.gz", extra_columns=True)
@@ -82,15 +91,11 @@ def stored_recording(tmp_path: Path) -> Iterator[str]:
         env = decode(encode(Envelope(kind=kind, job="jobR", rank=t.rank, host="h", pid=1, seq=seq, sent_ns=T0,
                                      body=body)))
         window = trace_columns(env, events) if kind == "trace" else summary_columns(env, windows)
-    dsn = f"chdb://{tmp_path / 'ch'}"
-    store = open_store(dsn)
-    store.insert_columns("trace_events", events.data)
-    store.insert("trace_windows", [window])
-    close_store(dsn)
-    try:
-        yield dsn
-    finally:
-        close_store(dsn)
+
+    def fill(store: Any) -> None:
+        store.insert_columns("trace_events", events.data)
+        store.insert("trace_windows", [window])
+    yield from stored_dsn(tmp_path, fill)
 
 
 @pytest.mark.clickhouse
