@@ -7,7 +7,7 @@ many the sink carries.
 A backlog is written first, with nothing consuming it: the load generator (benchmarks/loadgen.py)
 sends ``seconds`` of one job of ``ranks`` simulated ranks at 1 beat per rank per second (the real
 v2 wire format through real producers; for the sink also one hardware sample per rank per second,
-as ranks send them). Then the consumers start on it and the drain is timed from their group's
+sent as ranks send them, five to a message). Then the consumers start on it and the drain is timed from their group's
 committed offsets until they reach the end of every partition they read; the rate is taken
 between 20% and 90% of the backlog (past start-up and the group's rebalance).
 
@@ -18,7 +18,7 @@ between 20% and 90% of the backlog (past start-up and the group's rebalance).
 Measured, per configuration:
 
 - drain rate in messages/s, and the ranks that rate carries (each rank sends one beat per second,
-  plus for the sink one hardware sample);
+  plus for the sink a hardware message every `hw_send_s`);
 - CPU of every consumer process during the drain (psutil), in µs per message;
 - the speed-up of two processors workers over one.
 
@@ -124,7 +124,13 @@ def drain_sink(base: Settings, ranks: int, seconds: float, work: Path) -> dict[s
                             stdout=open(cfg / "sink.log", "wb"), stderr=subprocess.STDOUT)
     measured = time_drain(settings, [sink], settings.sink_group, (Topic.STEPS, Topic.HW), cfg)
     return {"service": "sink", "ranks": ranks, "workers": 1, "loadgen_sent_msgs_s": gen["send_rate_msgs_s"],
-            **measured, "ranks_carried_at_1_beat_s": measured["msgs_per_s"] // 2}   # a beat and a sample per rank
+            **measured, "ranks_carried_at_1_beat_s": round(measured["msgs_per_s"] / msgs_per_rank_s(settings))}
+
+
+def msgs_per_rank_s(settings: Settings) -> float:
+    """What a rank sends the sink per second: a beat per heartbeat, a hardware message per hw_send_s."""
+    hw_every = max(1, round(settings.hw_send_s / settings.heartbeat_s))
+    return (1 + 1 / hw_every) / settings.heartbeat_s
 
 
 def time_drain(settings: Settings, procs: list[subprocess.Popen[bytes]], group: str, topics: tuple[Topic, ...],
@@ -206,7 +212,7 @@ def run(ranks: int = DEFAULT_RANKS, seconds: float = DEFAULT_SECONDS,
             "settings": {"ranks": ranks, "backlog_s": seconds, "cpu_cores": psutil.cpu_count()},
             "targets": {"w1_drain_msgs_s": "ranks one worker carries at 1 beat/rank/s",
                         "speedup_w2_over_w1": "> 1: a job spreads over workers",
-                        "sink_ranks_carried": "ranks one sink carries (a beat and a hardware sample per rank per s)"}}
+                        "sink_ranks_carried": "ranks one sink carries (a beat per rank per s, a hardware message per rank per hw_send_s)"}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,8 @@ producer (linger ``--linger-ms``, lz4 or zstd), send what a job of that size sen
   :func:`rankscope.wire.rank_key`: the step records since the last beat (columnar) plus the
   heartbeat fields; v1: a ``steps`` message (when there are new steps) and a ``heartbeat`` message,
   envelope ``v=1``, keyed by job (what ranks sent before schema version 2);
-- one ``hw`` sample per rank per second on the hw topic (a handful of GPU metrics, keyed by rank);
+- one ``hw`` sample per rank per second on the hw topic (a handful of GPU metrics, keyed by rank),
+  sent as the ranks send them: every ``hw_send_s`` (default 5 s) in one message, ranks staggered;
 - optionally (``--summary-ranks K``) one trace-window ``summary`` from ranks 0..K-1 on the summaries
   topic (keyed by job), and (``--exit``) an ``exit`` record per live rank at the end.
 
@@ -57,6 +58,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from msgpack import Packer
 from msgpack import packb as _packb
 
 from rankscope.config import Settings
@@ -185,11 +187,13 @@ def fault_summary(cfg: LoadConfig, plan: Plan, t0_ns: int) -> dict[str, Any]:
 # One sending process
 # ------------------------------------------------------------------------------------------------
 
-def _hw_body(now_ns: int, local_rank: int, running: bool) -> dict[str, Any]:
-    u = 90.0 + 8.0 * random.random() if running else 0.0
-    return {"ts_ns": [now_ns], "device": [local_rank],
-            "metrics": {"gpu_util": [u], "mem_util": [u * 0.6], "mem_used_bytes": [61_000_000_000],
-                        "power_w": [150.0 + 5.5 * u], "temp_c": [40.0 + 0.3 * u], "sm_clock_mhz": [1980.0]}}
+def _hw_body(now_ns: int, local_rank: int, running: bool, samples: int = 1, period_ns: int = 10**9) -> dict[str, Any]:
+    """``samples`` GPU samples ``period_ns`` apart, the last one at ``now_ns``."""
+    u = [90.0 + 8.0 * random.random() if running else 0.0 for _ in range(samples)]
+    return {"ts_ns": [now_ns - (samples - 1 - i) * period_ns for i in range(samples)], "device": [local_rank] * samples,
+            "metrics": {"gpu_util": u, "mem_util": [x * 0.6 for x in u], "mem_used_bytes": [61_000_000_000] * samples,
+                        "power_w": [150.0 + 5.5 * x for x in u], "temp_c": [40.0 + 0.3 * x for x in u],
+                        "sm_clock_mhz": [1980.0] * samples}}
 
 
 def _summary_body(cfg: LoadConfig, plan: Plan, t0_ns: int, step: int) -> dict[str, Any]:
@@ -241,6 +245,9 @@ def _worker(cfg: LoadConfig, settings_env: dict[str, str], lo: int, hi: int, ind
     phase_rng = random.Random(cfg.seed * 7919 + 1)
     phases = [phase_rng.random() for _ in range(cfg.ranks)][lo:hi]   # same phase for a rank in any split
     hb_s = settings.heartbeat_s
+    hb_ns = int(hb_s * 1e9)
+    hw_every = max(1, round(settings.hw_send_s / hb_s))
+    hw_beats = dict.fromkeys(ranks, 0)
     order = sorted(range(len(ranks)), key=lambda i: phases[i])
     sched_rel = [phases[i] * hb_s for i in order]
     order_rank = [ranks[i] for i in order]
@@ -261,13 +268,17 @@ def _worker(cfg: LoadConfig, settings_env: dict[str, str], lo: int, hi: int, ind
     dead_last_sent_ns = 0
 
     def produce(topic: str, key: bytes, env: Envelope | dict[str, Any]) -> None:
-        nonlocal nbytes, max_bytes, queue_full
         # The high-rate messages (beats, heartbeats, steps, hw samples) are built here as envelope
-        # dicts and packed as wire.encode packs them, without its schema check: the simulated ranks
-        # send millions of them, and their CPU shares the machine with the stack being measured.
+        # dicts or bytes and packed as wire.encode packs them, without its schema check: the simulated
+        # ranks send millions of them, and their CPU shares the machine with the stack being measured.
         # The tests decode what the generator sends (tests/benchmarks_loadgen).
-        data = encode(env) if isinstance(env, Envelope) else _packb(env, use_bin_type=True)
-        kind = env.kind if isinstance(env, Envelope) else env["kind"]
+        if isinstance(env, Envelope):
+            send(topic, key, env.kind, encode(env))
+        else:
+            send(topic, key, env["kind"], _packb(env, use_bin_type=True))
+
+    def send(topic: str, key: bytes, kind: str, data: bytes) -> None:
+        nonlocal nbytes, max_bytes, queue_full
         while True:
             try:
                 producer.produce(topic, data, key, on_delivery=on_delivery)
@@ -276,8 +287,10 @@ def _worker(cfg: LoadConfig, settings_env: dict[str, str], lo: int, hi: int, ind
                 queue_full += 1
                 producer.poll(0.05)
         sent[kind] += 1
-        nbytes += len(data)
-        max_bytes = max(max_bytes, len(data))
+        n = len(data)
+        nbytes += n
+        if n > max_bytes:
+            max_bytes = n
 
     def envelope(kind: str, r: int, now_ns: int, body: dict[str, Any]) -> Envelope:
         seq[r] += 1
@@ -290,30 +303,53 @@ def _worker(cfg: LoadConfig, settings_env: dict[str, str], lo: int, hi: int, ind
         return {"v": v, "kind": kind, "job": cfg.job, "rank": r, "host": hosts[r], "pid": PID_BASE + r,
                 "seq": seq[r], "sent_ns": now_ns, "body": body}
 
+    # A v2 beat is packed from bytes fixed per rank (the envelope's first six fields, in the order
+    # wire.encode packs them) and the packed seq, send time and body: the same message for less CPU.
+    beat_prefix = {r: b"\x89" + _packb({"v": v, "kind": "beat", "job": cfg.job, "rank": r, "host": hosts[r],
+                                          "pid": PID_BASE + r}, use_bin_type=True)[1:] for r in ranks}
+    pack = Packer(use_bin_type=True).pack
+    k_seq, k_sent, k_body = pack("seq"), pack("sent_ns"), pack("body")
+    comm_of = dict(zip(ranks, comm[:, lo:hi].T.tolist(), strict=True))   # rank -> comm_ns per step
+    freeze_of = dict(zip(ranks, plan.freeze_ns[lo:hi].tolist(), strict=True))
+    bisect_right = bisect.bisect_right
+
     def beat(r: int, now_ns: int, t0_ns: int) -> None:
         rel = now_ns - t0_ns
-        k = plan.last_step(r, rel)
+        k = bisect_right(end_list, min(rel, freeze_of[r])) - 1   # plan.last_step(r, rel)
         a = reported[r] + 1
-        reported[r] = max(reported[r], k)
-        last_end = end_list[k] if k >= 0 else 0
-        since = max(0.0, (rel - last_end) / 1e9)
-        stacks = None
-        if since > stall_s and rel >= plan.freeze_ns[r] and cfg.hang_at is not None:
-            stacks = [{"thread": "MainThread", "frames": list(HANG_FRAMES if r == hang_rank else WAIT_FRAMES)}]
-        cols = {"step": list(range(a, k + 1)),
-                "start_ns": [t0_ns + s for s in start_list[a:k + 1]],
-                "end_ns": [t0_ns + e for e in end_list[a:k + 1]],
-                "comm_ns": comm[a:k + 1, r].tolist() if k >= a else []}
-        hb = {"since_step_s": round(since, 3), "dropped": 0, "world_size": cfg.ranks, "local_rank": r % 8,
-              "stacks": stacks}
-        if v == 2:
-            produce(steps_topic, keys[r], packed_envelope("beat", r, now_ns, {**cols, "hb_step": k, **hb}))
+        if k >= a:
+            reported[r] = k
+            steps, starts = list(range(a, k + 1)), [t0_ns + x for x in start_list[a:k + 1]]
+            ends, comms = [t0_ns + x for x in end_list[a:k + 1]], comm_of[r][a:k + 1]
         else:
-            if cols["step"]:
-                produce(steps_topic, job_key, packed_envelope("steps", r, now_ns, cols))
+            steps, starts, ends, comms = [], [], [], []
+        since = (rel - end_list[k]) / 1e9 if k >= 0 else rel / 1e9
+        if since < 0.0:
+            since = 0.0
+        stacks = None
+        if since > stall_s and rel >= freeze_of[r] and cfg.hang_at is not None:
+            stacks = [{"thread": "MainThread", "frames": list(HANG_FRAMES if r == hang_rank else WAIT_FRAMES)}]
+        since = round(since, 3)
+        if v == 2:
+            seq[r] += 1
+            body = {"step": steps, "start_ns": starts, "end_ns": ends, "comm_ns": comms, "hb_step": k,
+                    "since_step_s": since, "dropped": 0, "world_size": cfg.ranks, "local_rank": r % 8,
+                    "stacks": stacks}
+            send(steps_topic, keys[r], "beat",
+                 beat_prefix[r] + k_seq + pack(seq[r]) + k_sent + pack(now_ns) + k_body + pack(body))
+        else:
+            hb = {"since_step_s": since, "dropped": 0, "world_size": cfg.ranks, "local_rank": r % 8,
+                  "stacks": stacks}
+            if steps:
+                produce(steps_topic, job_key, packed_envelope(
+                    "steps", r, now_ns, {"step": steps, "start_ns": starts, "end_ns": ends, "comm_ns": comms}))
             produce(steps_topic, job_key, packed_envelope("heartbeat", r, now_ns, {"step": k, **hb}))
         if cfg.hw:
-            produce(hw_topic, keys[r], packed_envelope("hw", r, now_ns, _hw_body(now_ns, r % 8, since < stall_s)))
+            # A sample every beat, sent every hw_every beats (the rank's hw_send_s), ranks staggered.
+            hw_beats[r] += 1
+            if (hw_beats[r] + r) % hw_every == 0:
+                body = _hw_body(now_ns, r % 8, since < stall_s, min(hw_every, hw_beats[r]), hb_ns)
+                produce(hw_topic, keys[r], packed_envelope("hw", r, now_ns, body))
 
     cpu0 = time.process_time()
     ready.put(index)

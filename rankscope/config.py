@@ -73,7 +73,7 @@ class Settings:
     dashboard_host: str = "127.0.0.1"
     dashboard_password: str = field(default="", repr=False)
     # Sink.
-    sink_batch_rows: int = 50000
+    sink_batch_rows: int = 200000
     sink_batch_s: float = 1.0
     sink_group: str = "rankscope-sink"
     # Processors.
@@ -110,6 +110,7 @@ class Settings:
     stall_stack_min_s: float = 3.0
     flush_timeout_s: float = 5.0
     hw_sample_s: float = 1.0  # hardware sampling period; 0 = off
+    hw_send_s: float = 5.0    # a rank sends its buffered hardware samples this often, as one message
     producer_compression: str = "zstd"  # Kafka compression of what ranks send: none, gzip, snappy, lz4, zstd
     trace_byte_budget: int = 8_000_000
     flight_steps: int = 256
@@ -139,7 +140,7 @@ class Settings:
         for name in ["sink_batch_s", "scan_interval_s", "hang_min_s", "hang_factor", "dead_after_s",
                      "heartbeat_s", "straggler_z", "flush_timeout_s", "dashboard_refresh_s",
                      "stall_stack_factor", "stall_stack_min_s", "rebuild_horizon_s", "incident_horizon_s",
-                     "job_idle_s"]:
+                     "job_idle_s", "hw_send_s"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds/factor, got {getattr(self, name)!r}")
         if self.producer_compression not in PRODUCER_COMPRESSIONS:

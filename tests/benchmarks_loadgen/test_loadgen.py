@@ -4,7 +4,7 @@ wire format, keyed as ranks key it, small, and shows the faults it plants."""
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
@@ -117,10 +117,21 @@ def test_v2_beats_keyed_by_rank_and_show_the_hang(fresh_topics: Settings) -> Non
 
     hw = read_all(fresh_topics, Topic.HW, msgs["hw"])
     assert len(hw) == msgs["hw"]
+    # A sample per beat, sent every hw_send_s as the ranks send them: up to that many samples a
+    # heartbeat apart, the last one taken when the message was sent.
+    hw_every = round(fresh_topics.hw_send_s / fresh_topics.heartbeat_s)
+    assert hw_every > 1
+    samples = Counter()
     for key, value in hw:
         e = decode(value)
         assert e.kind == "hw" and key == rank_key(job, e.rank) and len(value) < 2048
-        assert len(e.body["ts_ns"]) == len(e.body["device"]) == 1
+        ts = e.body["ts_ns"]
+        assert 1 <= len(ts) == len(e.body["device"]) <= hw_every and ts[-1] == e.sent_ns
+        assert all(b - a == int(fresh_topics.heartbeat_s * 1e9) for a, b in zip(ts, ts[1:], strict=False))
+        samples[e.rank] += len(ts)
+    beats = Counter(e.rank for e in envs if e.kind == "beat")
+    assert all(beats[r] - hw_every < samples[r] <= beats[r] for r in beats)
+    assert len(hw) < len([e for e in envs if e.kind == "beat"]) / 2
     summaries = read_all(fresh_topics, Topic.SUMMARIES, 2)
     assert sorted(decode(v).rank for _, v in summaries) == [0, 1]
     assert all(k == job.encode() for k, _ in summaries)

@@ -14,7 +14,7 @@ import pynvml as real_nvml
 import pytest
 
 from rankscope.config import ConfigError, Settings
-from rankscope.producers.hw import NO_NVML_MESSAGE, HardwareSampler
+from rankscope.producers.hw import MAX_ROWS_PER_BODY, NO_NVML_MESSAGE, HardwareSampler
 from rankscope.producers.hw_gpu import pick_gpu
 from rankscope.producers.identity import RankIdentity
 from rankscope.producers.tracer import Tracer
@@ -271,6 +271,35 @@ def test_fast_mode_samples_more_and_batches_per_message(nvml: types.ModuleType) 
         encode(envelope(b, seq=i + 1))
 
 
+def test_samples_are_sent_every_hw_send_s_in_one_message(nvml: types.ModuleType) -> None:
+    sent = Sent()
+    settings = Settings(job_id="job1", hw_sample_s=0.02, hw_send_s=0.3)
+    s = HardwareSampler(settings, ident(1), sent, env={}).start()
+    assert s.send_every_s == 0.3
+    deadline = time.monotonic() + 60
+    while len(sent.bodies) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    s.stop()
+    bodies = list(sent.bodies)
+    assert len(bodies) >= 3
+    assert max(len(b["ts_ns"]) for b in bodies[:-1]) >= 5          # several samples per message
+    assert sum(len(b["ts_ns"]) for b in bodies) == s.samples        # every sample sent once (stop flushes)
+    for i, b in enumerate(bodies):
+        encode(envelope(b, seq=i + 1))
+
+
+def test_a_body_is_sent_once_it_holds_max_rows(nvml: types.ModuleType) -> None:
+    sent = Sent()
+    s = sampler(0, sent, period_s=0.002, send_every_s=3600.0).start()   # GPU and host rows
+    deadline = time.monotonic() + 60
+    while len(sent.bodies) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    s.stop()
+    assert len(sent.bodies) >= 2, "no body sent before send_every_s"
+    assert all(len(b["ts_ns"]) <= MAX_ROWS_PER_BODY + 1 for b in sent.bodies)   # GPU and host row of one sample
+    assert all(len(b["ts_ns"]) >= MAX_ROWS_PER_BODY for b in sent.bodies[:-1])
+
+
 def test_leaving_fast_mode_does_not_sample_at_once(nvml: types.ModuleType) -> None:
     # A window's end is when its sender converts on the rank's cores: the slow period resumes from
     # the last sample instead of a sample (~1.4 ms of CPU on a busy host) at that moment.
@@ -437,3 +466,6 @@ def test_hw_sampling_can_be_turned_off() -> None:
     with pytest.raises(ConfigError):
         Settings(hw_sample_s=-1)
     assert Settings.from_env({"RANKSCOPE_HW_SAMPLE_S": "0.5"}).hw_sample_s == 0.5
+    with pytest.raises(ConfigError):
+        Settings(hw_send_s=0)
+    assert Settings.from_env({"RANKSCOPE_HW_SEND_S": "2"}).hw_send_s == 2.0
