@@ -33,13 +33,14 @@ call :meth:`Metrics.consumed` once per batch, not per message.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Histogram, ProcessCollector
 from prometheus_client.exposition import start_http_server
 
 from rankscope import services
@@ -83,6 +84,8 @@ class Metrics:
         self.info = Gauge("rankscope_service_info", "The service this process runs; always 1.",
                           ["service", "version"], registry=r)
         ProcessCollector(registry=r)
+        GCCollector(registry=r)
+        r.register(_GcThresholds())
         self._incident_kinds: set[str] = set(ALERT_KINDS)
         self.server: Any = None   # the /metrics HTTP server, once started
 
@@ -221,3 +224,20 @@ def cached_high(consumer: Any, topic: str, partition: int) -> int:
     except Exception:
         return -1
     return int(high) if high is not None else -1
+
+
+class _GcThresholds:
+    """``rankscope_gc_threshold{generation}``: the collector's thresholds in this process (the stream
+    services raise them, see rankscope/gc_tuning.py), read at each scrape."""
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        g = GaugeMetricFamily("rankscope_gc_threshold", "Python garbage-collector threshold per generation.",
+                              labels=["generation"])
+        for gen, value in enumerate(gc.get_threshold()):
+            g.add_metric([str(gen)], value)
+        yield g

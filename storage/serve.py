@@ -218,6 +218,7 @@ def run_sink(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> int:
     Raises StoreLocked when the embedded store is held by another process (e.g. ``rankscope serve``).
     """
     _preload_main_thread_imports()
+    from rankscope.gc_tuning import tune_for_streaming
     from rankscope.storage.sink import Sink
     from rankscope.storage.store import close_store, open_store
 
@@ -228,6 +229,7 @@ def run_sink(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> int:
     from rankscope.metrics import start_metrics
 
     start_metrics(settings, "sink")
+    tune_for_streaming()
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

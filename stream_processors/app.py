@@ -157,8 +157,11 @@ def run_worker(settings: Settings, loglevel: str = "WARNING") -> None:
     """Run the faust worker in this process until SIGTERM/SIGINT (blocks)."""
     from faust.worker import Worker
 
+    from rankscope.gc_tuning import tune_for_streaming
+
     app = build_app(settings)
     start_metrics(settings, "processors")
+    tune_for_streaming()
     try:
         # rankscope.logs set up logging (log_format); faust keeps it.
         Worker(app, loglevel=loglevel, quiet=True, override_logging=False).execute_from_commandline()

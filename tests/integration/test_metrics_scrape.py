@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rankscope import services
 from rankscope.config import RESTARTS_ENV, Settings
+from rankscope.gc_tuning import STREAMING_THRESHOLDS
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode, rank_key
 from tests.integration.helpers import REPO, child_env, free_port, stop_process, tail, wait_until
@@ -143,6 +144,12 @@ def test_each_service_serves_metrics_and_its_counters_move(
     for lag in ("rankscope_consumer_lag_messages", "rankscope_consumer_lag_seconds"):
         assert any(n == lag and ("topic", steps_topic) in lab for n, lab in proc), lag
     assert any(n == "rankscope_open_incidents" for n, _ in proc)
+    # The stream services run with the collector thresholds of rankscope/gc_tuning.py; serve (the
+    # dashboard's process) keeps CPython's defaults.
+    for name, want in (("processors", STREAMING_THRESHOLDS), ("sink", STREAMING_THRESHOLDS),
+                       ("serve", (700, 10, 10))):
+        got = tuple(int(total(after[name], "rankscope_gc_threshold", generation=str(g))) for g in range(3))
+        assert got == want, name
     for name in ("sink", "serve"):
         s = after[name]
         assert total(s, "rankscope_dead_letters_total", stage="sink", reason="not_msgpack") == 1
