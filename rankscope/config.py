@@ -74,7 +74,8 @@ class Settings:
     dashboard_password: str = field(default="", repr=False)
     # Sink.
     sink_batch_rows: int = 200000
-    sink_batch_s: float = 1.0
+    sink_batch_s: float = 0.5
+    sink_ranks_s: float = 2.0   # a rank that only progressed is upserted into `ranks` at most this often
     sink_group: str = "rankscope-sink"
     # Processors.
     processors_app_id: str = "rankscope-processors"
@@ -137,7 +138,7 @@ class Settings:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ["sink_batch_s", "scan_interval_s", "hang_min_s", "hang_factor", "dead_after_s",
+        for name in ["sink_batch_s", "sink_ranks_s", "scan_interval_s", "hang_min_s", "hang_factor", "dead_after_s",
                      "heartbeat_s", "straggler_z", "flush_timeout_s", "dashboard_refresh_s",
                      "stall_stack_factor", "stall_stack_min_s", "rebuild_horizon_s", "incident_horizon_s",
                      "job_idle_s", "hw_send_s"]:

@@ -59,6 +59,7 @@ class Batch:
     rows: int = 0
     dead_letters: int = 0
     ranks: set[tuple[str, int]] = field(default_factory=set)            # dirty (job, rank) keys
+    urgent_ranks: set[tuple[str, int]] = field(default_factory=set)     # of those, more than progress changed
     jobs: set[str] = field(default_factory=set)                         # dirty jobs
     done: set[str] = field(default_factory=set)                         # tables already written
     attempts: int = 0
@@ -181,12 +182,15 @@ class RowBuilder:
             # merge_rank's common case: the same process, a newer observation, no exit.
             if last_step > state["last_step"]:
                 state["last_step"] = last_step
-            if env.host != "":
-                state["host"] = env.host
-            if world_size != -1:
-                state["world_size"] = world_size
-            if local_rank != -1:
-                state["local_rank"] = local_rank
+            if ((env.host != "" and env.host != state["host"]) or (world_size != -1 and world_size != state["world_size"])
+                    or (local_rank != -1 and local_rank != state["local_rank"])):
+                batch.urgent_ranks.add(key)
+                if env.host != "":
+                    state["host"] = env.host
+                if world_size != -1:
+                    state["world_size"] = world_size
+                if local_rank != -1:
+                    state["local_rank"] = local_rank
             state["last_seen_ns"] = seen
             job = self.jobs.get(env.job)
             if job is not None and 0 < job["first_seen_ns"] <= seen:
@@ -265,11 +269,22 @@ class RowBuilder:
         state = self.ranks.get(key)
         if state is None:
             state = self.ranks[key] = new_rank(env.job, env.rank)
+            batch.urgent_ranks.add(key)
+        before = _identity(state)
         upd = {"host": env.host, "pid": env.pid, "last_seen_ns": env.sent_ns, **upd}
         merge_rank(state, upd)
+        if _identity(state) != before:
+            batch.urgent_ranks.add(key)
         job = self.jobs.get(env.job)
         if job is None:
             job = self.jobs[env.job] = {"job": env.job, "world_size": -1, "first_seen_ns": 0, "last_seen_ns": 0}
         merge_job(job, {"world_size": upd.get("world_size", -1), "last_seen_ns": env.sent_ns})
         batch.ranks.add(key)
         batch.jobs.add(env.job)
+
+
+def _identity(state: dict[str, Any]) -> tuple[Any, ...]:
+    """What of a rank's state is more than progress (last step, last seen): a change of it is written
+    to the ``ranks`` table with the batch that saw it."""
+    return (state["host"], state["pid"], state["world_size"], state["local_rank"], state["exit_reason"],
+            state["exit_detail"])

@@ -15,6 +15,11 @@ Pipeline per message (snuba's strategy chain, in one thread)::
   A :class:`StoreError` leaves the batch uncommitted: the assignment is paused (the consumer keeps
   polling so it stays in the group) and the same batch is retried with exponential back-off. Tables
   already written are not written again; re-inserts would be harmless anyway (ReplacingMergeTree).
+- The ``ranks`` upsert: a rank whose host, process, world size, local rank or exit changed is written
+  with the batch that saw it; a rank that only progressed (last step, last seen) at most every
+  ``settings.sink_ranks_s``, and on close or revoke. A 10,000-rank job dirties every rank every second,
+  so without this every batch wrote 10,000 rows whatever its size. A sink killed with -9 may leave
+  a rank's last step and last seen that much behind until the rank's next message.
 - Rebalance (eager protocol): on revoke the open batch gets one write attempt; if that fails it is
   dropped uncommitted and whoever owns the partitions next re-reads it.
 
@@ -155,6 +160,8 @@ class Sink:
         self._paused = False
         self.rows = RowBuilder()
         self._hydrated: set[str] = set()
+        self._deferred_ranks: set[tuple[str, int]] = set()   # progressed, not yet written
+        self._ranks_written_at = float("-inf")
         self._closed = False
         self._lock = threading.Lock()
         self._rows: Counter[str] = Counter()
@@ -201,10 +208,14 @@ class Sink:
                 full, self._batch = self._batch, None
                 self._write(full)
         batch = self._batch
+        now = self.clock.monotonic()
         if batch is not None and (batch.rows >= self.settings.sink_batch_rows or
-                                  self.clock.monotonic() - batch.started_at >= self.settings.sink_batch_s):
+                                  now - batch.started_at >= self.settings.sink_batch_s):
             self._batch = None
             self._write(batch)
+        elif (batch is None and self._pending is None and self._deferred_ranks
+              and now - self._ranks_written_at >= self.settings.sink_ranks_s):
+            self._write(Batch(started_at=now))   # progress deferred by earlier batches, nothing new since
         return taken
 
     def stats(self) -> dict[str, Any]:
@@ -226,8 +237,7 @@ class Sink:
         self._closed = True
         batch = self._pending or self._batch
         self._pending = self._batch = None
-        if batch is not None and batch.messages:
-            self._write(batch, once=True)
+        self._write_last(batch)
         try:
             left = self._producer.flush(self.settings.flush_timeout_s)
             if left:
@@ -292,11 +302,18 @@ class Sink:
             log.error("sink: dead letter not delivered: %s", err)
 
     # Writing ------------------------------------------------------------------------------------
-    def _write(self, batch: Batch, once: bool = False) -> bool:
+    def _write_last(self, batch: Batch | None) -> None:
+        """One attempt at ``batch`` (when it holds messages) and at the ranks whose write was deferred."""
+        if batch is not None and batch.messages:
+            self._write(batch, once=True, all_ranks=True)
+        elif self._deferred_ranks:
+            self._write(Batch(started_at=self.clock.monotonic()), once=True, all_ranks=True)
+
+    def _write(self, batch: Batch, once: bool = False, all_ranks: bool = False) -> bool:
         """Insert every table of ``batch``, then commit its offsets. On failure keep it as pending."""
         batch.attempts += 1
         try:
-            self._insert(batch)
+            self._insert(batch, all_ranks)
             self._flush_dead_letters()
         except StoreError as e:
             self._count("store_errors")
@@ -316,14 +333,17 @@ class Sink:
         self._commit(batch)
         return True
 
-    def _insert(self, batch: Batch) -> None:
+    def _insert(self, batch: Batch, all_ranks: bool = False) -> None:
         if batch.jobs - self._hydrated:
             self._hydrate(sorted(batch.jobs - self._hydrated))
         for table in TABLE_ORDER:
             if table in batch.done:
                 continue
             if table == "ranks":
-                rows = [self.rows.ranks[k] for k in sorted(batch.ranks)]
+                now = self.clock.monotonic()
+                due = all_ranks or now - self._ranks_written_at >= self.settings.sink_ranks_s
+                keys = batch.ranks | self._deferred_ranks if due else batch.urgent_ranks
+                rows = [self.rows.ranks[k] for k in sorted(keys)]
                 columns = {c: [r[c] for r in rows] for c in RANK_COLUMNS}
             elif table == "jobs":
                 rows = [self.rows.jobs[j] for j in sorted(batch.jobs)]
@@ -336,6 +356,13 @@ class Sink:
             n = self.store.insert_columns(table, columns)
             self.metrics.inserted(table, n, time.perf_counter() - t0)
             batch.done.add(table)
+            if table == "ranks":
+                if due:
+                    self._deferred_ranks.clear()
+                    self._ranks_written_at = now
+                else:
+                    self._deferred_ranks |= batch.ranks
+                    self._deferred_ranks -= keys
             with self._lock:
                 self._rows[table] += n
 
@@ -366,10 +393,10 @@ class Sink:
     def _commit(self, batch: Batch) -> None:
         from confluent_kafka import KafkaException, TopicPartition
 
-        self._count("batches")
-        self._count("messages", batch.messages)
         if not batch.offsets:
             return
+        self._count("batches")
+        self._count("messages", batch.messages)
         offsets = [TopicPartition(t, p, o) for (t, p), o in sorted(batch.offsets.items())]
         try:
             self._consumer.commit(offsets=offsets, asynchronous=False)
@@ -433,8 +460,7 @@ class Sink:
             self._assignment = []
         batch = self._pending or self._batch
         self._pending = self._batch = None
-        if batch is not None and batch.messages:
-            self._write(batch, once=True)   # dropped uncommitted if it fails; the next owner re-reads it
+        self._write_last(batch)   # dropped uncommitted if it fails; the next owner re-reads it
         self._pending = None
         if self._paused:
             self._paused = False

@@ -435,6 +435,9 @@ def test_sink_stores_valid_records_and_dead_letters_the_rest(sink_settings: Sett
         [(fr_rank, fr_steps, fr_stacks)] = store.query_rows("SELECT rank, steps, stacks FROM rankscope.flight_records")
         assert fr_rank == 1 and json.loads(fr_steps)[-1][0] == 299 and "hang" in fr_stacks
 
+        # A rank that only progressed is written at most every sink_ranks_s.
+        wait_until("ranks' last steps written", lambda: count(
+            store, f"SELECT count() FROM rankscope.ranks FINAL WHERE last_step = {steps_per_rank - 1}") == 2)
         ranks = store.query_df("SELECT * FROM rankscope.ranks FINAL ORDER BY rank").to_dict("records")
         assert [(r["rank"], r["host"], r["pid"], r["world_size"], r["local_rank"], r["last_step"]) for r in ranks] == [
             (0, "node0", 1000, 2, 0, steps_per_rank - 1), (1, "node0", 1001, 2, 1, steps_per_rank - 1)]
