@@ -9,8 +9,10 @@ producer (linger ``--linger-ms``, lz4 or zstd), send what a job of that size sen
   :func:`rankscope.wire.rank_key`: the step records since the last beat (columnar) plus the
   heartbeat fields; v1: a ``steps`` message (when there are new steps) and a ``heartbeat`` message,
   envelope ``v=1``, keyed by job (what ranks sent before schema version 2);
-- one ``hw`` sample per rank per second on the hw topic (a handful of GPU metrics, keyed by rank),
-  sent as the ranks send them: every ``hw_send_s`` (default 5 s) in one message, ranks staggered;
+- one ``hw`` sample per rank per second on the hw topic (keyed by rank) with the metrics a rank of a
+  Hopper node sends: 21 GPU metrics (13 with ``--no-gpm``) and, on local rank 0 of each 8-rank
+  host, 9 host metrics; sent as the ranks send them: every ``hw_send_s`` (default 5 s) in one
+  message, ranks staggered;
 - optionally (``--summary-ranks K``) one trace-window ``summary`` from ranks 0..K-1 on the summaries
   topic (keyed by job), and (``--exit``) an ``exit`` record per live rank at the end.
 
@@ -93,6 +95,7 @@ class LoadConfig:
     dead_rank: int = -1
     exit: bool = False
     hw: bool = True
+    gpm: bool = True
     summary_ranks: int = 0
     summary_at: float | None = None
     compression: str = "lz4"
@@ -187,13 +190,41 @@ def fault_summary(cfg: LoadConfig, plan: Plan, t0_ns: int) -> dict[str, Any]:
 # One sending process
 # ------------------------------------------------------------------------------------------------
 
-def _hw_body(now_ns: int, local_rank: int, running: bool, samples: int = 1, period_ns: int = 10**9) -> dict[str, Any]:
-    """``samples`` GPU samples ``period_ns`` apart, the last one at ``now_ns``."""
+def _hw_body(now_ns: int, local_rank: int, running: bool, samples: int = 1, period_ns: int = 10**9,
+             gpm: bool = True) -> dict[str, Any]:
+    """``samples`` samples ``period_ns`` apart, the last one at ``now_ns``, with the metrics a rank of
+    an NVIDIA Hopper node sends (producers/hw_gpu.py: 13 NVML metrics, 8 GPM ones with ``gpm``) and,
+    on local rank 0, the host's (producers/hw_host.py: 9 metrics) as one more entry per sample
+    (device -1)."""
     u = [90.0 + 8.0 * random.random() if running else 0.0 for _ in range(samples)]
-    return {"ts_ns": [now_ns - (samples - 1 - i) * period_ns for i in range(samples)], "device": [local_rank] * samples,
-            "metrics": {"gpu_util": u, "mem_util": [x * 0.6 for x in u], "mem_used_bytes": [61_000_000_000] * samples,
-                        "power_w": [150.0 + 5.5 * x for x in u], "temp_c": [40.0 + 0.3 * x for x in u],
-                        "sm_clock_mhz": [1980.0] * samples}}
+    ts = [now_ns - (samples - 1 - i) * period_ns for i in range(samples)]
+    gpu: dict[str, list[Any]] = {
+        "gpu_util": u, "mem_util": [x * 0.6 for x in u], "mem_used_bytes": [61_000_000_000] * samples,
+        "mem_total_bytes": [85_520_809_984] * samples, "power_w": [150.0 + 5.5 * x for x in u],
+        "temp_c": [40.0 + 0.3 * x for x in u], "sm_clock_mhz": [1980.0] * samples,
+        "throttle_reasons": [0.0] * samples, "ecc_uncorrected_volatile": [0] * samples,
+        "pcie_tx_kbps": [2_000.0 + 10.0 * x for x in u], "pcie_rx_kbps": [3_000.0 + 10.0 * x for x in u],
+        "nvlink_tx_kbps": [4.0e6 * x / 100 for x in u], "nvlink_rx_kbps": [4.1e6 * x / 100 for x in u]}
+    if gpm:
+        gpu |= {"gpm_sm_active_pct": [0.9 * x for x in u], "gpm_sm_occupancy_pct": [0.5 * x for x in u],
+                "gpm_tensor_active_pct": [0.6 * x for x in u], "gpm_dram_bw_pct": [0.4 * x for x in u],
+                "gpm_pcie_tx_mibps": [2.0 * x for x in u], "gpm_pcie_rx_mibps": [3.0 * x for x in u],
+                "gpm_nvlink_tx_mibps": [40.0 * x for x in u], "gpm_nvlink_rx_mibps": [41.0 * x for x in u]}
+    if local_rank != 0:
+        return {"ts_ns": ts, "device": [local_rank] * samples, "metrics": gpu}
+    # Local rank 0: each sample is a GPU entry then a host entry; a metric absent from an entry is None.
+    none = [None] * samples
+    host: dict[str, list[Any]] = {
+        "cpu_util": [30.0 + 0.1 * x for x in u], "mem_used_bytes": [900_000_000_000] * samples,
+        "mem_total_bytes": [2_000_000_000_000] * samples, "net_tx_bytes_s": [5.0e7] * samples,
+        "net_rx_bytes_s": [6.0e7] * samples, "disk_read_bytes_s": [1.0e8] * samples,
+        "disk_write_bytes_s": [1.0e6] * samples, "cpu_util_core_max": [100.0] * samples,
+        "cpu_cores_busy": [9.0] * samples}
+    metrics: dict[str, list[Any]] = {}
+    for name in gpu.keys() | host.keys():
+        g, h = gpu.get(name, none), host.get(name, none)
+        metrics[name] = [v for pair in zip(g, h, strict=True) for v in pair]
+    return {"ts_ns": [t for t in ts for _ in (0, 1)], "device": [local_rank, -1] * samples, "metrics": metrics}
 
 
 def _summary_body(cfg: LoadConfig, plan: Plan, t0_ns: int, step: int) -> dict[str, Any]:
@@ -348,7 +379,8 @@ def _worker(cfg: LoadConfig, settings_env: dict[str, str], lo: int, hi: int, ind
             # A sample every beat, sent every hw_every beats (the rank's hw_send_s), ranks staggered.
             hw_beats[r] += 1
             if (hw_beats[r] + r) % hw_every == 0:
-                body = _hw_body(now_ns, r % 8, since < stall_s, min(hw_every, hw_beats[r]), hb_ns)
+                body = _hw_body(now_ns, r % 8, since < stall_s, min(hw_every, hw_beats[r]), hb_ns,
+                                cfg.gpm)
                 produce(hw_topic, keys[r], packed_envelope("hw", r, now_ns, body))
 
     cpu0 = time.process_time()
@@ -481,7 +513,16 @@ def run(cfg: LoadConfig, settings: Settings | None = None, start_lead_s: float =
             "cpu_s": [round(d["cpu_s"], 2) for d in per], "unflushed": sum(d["unflushed"] for d in per),
             "queue_full_retries": sum(d["queue_full_retries"] for d in per),
             "errors": dict(sum((Counter(d["errors"]) for d in per), Counter())),
+            "hw_rows_per_s": round(hw_rows_per_s(cfg, settings.heartbeat_s), 1),
             "steps_planned": len(plan.end_ns), "faults": faults}
+
+
+def hw_rows_per_s(cfg: LoadConfig, heartbeat_s: float) -> float:
+    """``hw_samples`` rows the job's hardware samples make per second (one sample per rank per beat)."""
+    if not cfg.hw:
+        return 0.0
+    hosts = len(range(0, cfg.ranks, 8))
+    return (cfg.ranks * (13 + 8 * cfg.gpm) + hosts * 9) / heartbeat_s
 
 
 def parse_args(argv: list[str] | None = None) -> LoadConfig:
@@ -500,6 +541,7 @@ def parse_args(argv: list[str] | None = None) -> LoadConfig:
     p.add_argument("--slow-factor", type=float, default=1.5)
     p.add_argument("--exit", action="store_true", help="send exit records (completed) at the end")
     p.add_argument("--no-hw", dest="hw", action="store_false", help="no hardware samples")
+    p.add_argument("--no-gpm", dest="gpm", action="store_false", help="GPU samples without GPM metrics (pre-Hopper)")
     p.add_argument("--summary-ranks", type=int, default=0, help="ranks 0..K-1 send one trace-window summary")
     p.add_argument("--summary-at", type=float, default=None, help="when (default: half-way)")
     p.add_argument("--compression", choices=("lz4", "zstd", "none", "snappy", "gzip"), default="lz4")
@@ -509,7 +551,8 @@ def parse_args(argv: list[str] | None = None) -> LoadConfig:
     cfg = LoadConfig(ranks=a.ranks, duration_s=a.duration, procs=a.procs, job=a.job, wire=a.wire,
                      steps_per_s=a.steps_per_s, busy_frac=a.busy_frac, noise=a.noise, hang_at=a.hang_at,
                      hang_rank=a.hang_rank, slow_at=a.slow_at, slow_rank=a.slow_rank, slow_factor=a.slow_factor,
-                     dead_at=a.dead_at, dead_rank=a.dead_rank, exit=a.exit, hw=a.hw, summary_ranks=a.summary_ranks,
+                     dead_at=a.dead_at, dead_rank=a.dead_rank, exit=a.exit, hw=a.hw, gpm=a.gpm,
+                     summary_ranks=a.summary_ranks,
                      summary_at=a.summary_at, compression=a.compression, linger_ms=a.linger_ms, seed=a.seed)
     try:
         cfg.validate()

@@ -23,9 +23,10 @@ absent otherwise) and, on Hopper and newer, GPM metrics: ``gpm_sm_active_pct``,
 ``gpm_pcie_rx_mibps``, ``gpm_nvlink_tx_mibps``, ``gpm_nvlink_rx_mibps``. A metric the device or
 driver does not support is dropped after its first failure, silently (debug log).
 
-Host metrics (psutil, device -1, local rank 0 only): ``cpu_util`` (%), ``cpu_util_core<i>`` (%, at
-most once a second), ``mem_used_bytes`` (total - available), ``mem_total_bytes``, ``net_tx_bytes_s``,
-``net_rx_bytes_s`` (all interfaces but loopback), ``disk_read_bytes_s``, ``disk_write_bytes_s``.
+Host metrics (psutil, device -1, local rank 0 only): ``cpu_util`` (%), ``cpu_util_core_max`` (%, the
+busiest core) and ``cpu_cores_busy`` (cores at least 90% busy; both at most once a second),
+``mem_used_bytes`` (total - available), ``mem_total_bytes``, ``net_tx_bytes_s``, ``net_rx_bytes_s``
+(all interfaces but loopback), ``disk_read_bytes_s``, ``disk_write_bytes_s``.
 Rates come from deltas between samples, so the first sample has none.
 
 Contract: construction, sampling and :meth:`stop` never raise. NVML is initialised once (in the
@@ -54,7 +55,7 @@ log = logging.getLogger("rankscope.hw")
 
 HOST_DEVICE = -1
 FAST_PERIOD_S = 0.1
-MAX_ROWS_PER_BODY = 64   # bounds a body (a GPU entry is ~0.2 KB; a host one with per-core CPU ~1.5 KB)
+MAX_ROWS_PER_BODY = 64   # bounds a body (a GPU entry is ~0.2-0.5 KB, a host one ~0.2 KB)
 NO_NVML_MESSAGE = "rankscope: no NVIDIA driver/NVML: GPU metrics off, host metrics only"
 
 SendFn = Callable[[str, dict[str, Any]], None]

@@ -8,6 +8,7 @@ from typing import Any
 from rankscope.producers.hw_groups import MetricGroup, Rate, run_groups
 
 PER_CORE_EVERY_S = 1.0
+BUSY_CORE_PCT = 90.0
 
 
 def _busy_total(t: Any) -> tuple[float, float]:
@@ -63,9 +64,13 @@ class HostSampler:
         prev, self._core_prev = self._core_prev, cur
         if prev is None or len(prev) != len(cur):
             return
-        for i, ((b, t), (pb, pt)) in enumerate(zip(cur, prev, strict=True)):
-            if t > pt:
-                out[f"cpu_util_core{i}"] = round(100.0 * max(0.0, b - pb) / (t - pt), 1)
+        utils = [100.0 * max(0.0, b - pb) / (t - pt) for (b, t), (pb, pt) in zip(cur, prev, strict=True) if t > pt]
+        if utils:
+            # Two numbers instead of one per core (a host has up to a few hundred): the hottest core
+            # shows a single-threaded bottleneck (a data loader, the Python main thread), the count of
+            # busy cores a host short of CPU.
+            out["cpu_util_core_max"] = round(max(utils), 1)
+            out["cpu_cores_busy"] = float(sum(u >= BUSY_CORE_PCT for u in utils))
 
     def _mem(self, out: dict[str, Any], now: float) -> None:
         vm = self.ps.virtual_memory()

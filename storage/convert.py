@@ -33,7 +33,7 @@ from rankscope.storage.rows import (
     flight_row,
     heartbeat_row,
     hw_columns,
-    hw_rows_fast,
+    hw_columns_fast,
     merge_job,
     merge_rank,
     new_rank,
@@ -120,12 +120,11 @@ class RowBuilder:
                 for part in split_beat(env):
                     self._store(part, batch)
         elif kind == "hw":
-            rows = hw_rows_fast(env)
-            if rows is None:
+            n = hw_columns_fast(env, batch.table("hw_samples"))
+            if n is None:
                 self._store(env, batch)
             else:
-                batch.table("hw_samples").add_tuples(rows)
-                batch.rows += len(rows)
+                batch.rows += n
         elif kind == "stats":
             rows = stats_tuples(env)
             batch.table("worker_stats").add_tuples(rows)
@@ -245,10 +244,7 @@ class RowBuilder:
             batch.table("worker_stats").add_tuples(rows)
             batch.rows += len(rows)
         elif kind == "hw":
-            cols = batch.table("hw_samples")
-            before = cols.rows
-            hw_columns(env, cols)
-            batch.rows += cols.rows - before
+            batch.rows += hw_columns(env, batch.table("hw_samples"))
         elif kind == "trace":
             batch.rows += trace_columns(env, batch.table("trace_events"))
         elif kind == "flight":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
 from rankscope.alerts import Alert
@@ -125,22 +126,30 @@ def stats_rows(env: Envelope) -> list[dict[str, Any]]:
     return rows
 
 
-def hw_columns(env: Envelope, out: Columns) -> None:
-    """Columnar samples -> long format, one row per (sample, metric); None values are skipped."""
-    rows = hw_rows_fast(env)
-    if rows is None:   # something the fast path does not take: the checked path stores or rejects it
+def hw_columns(env: Envelope, out: Columns) -> int:
+    """Columnar samples -> long format, one row per (sample, metric); None values are skipped.
+    Returns the number of rows added."""
+    n = hw_columns_fast(env, out)
+    if n is None:   # something the fast path does not take: the checked path stores or rejects it
+        before = out.rows
         hw_columns_checked(env, out)
-    else:
-        out.add_tuples(rows)
+        return out.rows - before
+    return n
 
 
-def hw_rows_fast(env: Envelope) -> list[tuple[Any, ...]] | None:
-    """The ``hw_samples`` rows of a well-formed ``hw`` message, or None if anything needs a closer look
-    (:func:`hw_columns_checked` then gives the exact rows or the exact error). Appends nothing."""
+_FLOAT_ONLY = frozenset((float,))
+_NUMBERS_OR_NONE = frozenset((float, int, type(None)))
+
+
+def hw_columns_fast(env: Envelope, out: Columns) -> int | None:
+    """The ``hw_samples`` rows of a well-formed ``hw`` message appended to ``out`` column by column
+    (no row tuples: a Hopper rank's message makes ~100 rows), with their count; or None, appending
+    nothing, if anything needs a closer look (:func:`hw_columns_checked` then gives the exact rows or
+    the exact error). Rows come metric by metric, as the checked path makes them."""
     b = env.body
     ts, devices, metrics = b["ts_ns"], b["device"], b["metrics"]
     n = len(ts)
-    if len(devices) != n:
+    if len(devices) != n or type(metrics) is not dict:
         return None
     for t in ts:
         if type(t) is not int or not LO <= t <= HI:
@@ -148,37 +157,41 @@ def hw_rows_fast(env: Envelope) -> list[tuple[Any, ...]] | None:
     for d in devices:
         if type(d) is not int or not LO32 <= d <= HI32:
             return None
-    job, rank, host = env.job, env.rank, env.host
-    rows: list[tuple[Any, ...]] = []
-    append = rows.append
-    if n == 1:   # one sample per message, as ranks send outside trace windows
-        t, d = ts[0], devices[0]
-        for name, values in metrics.items():
-            if type(name) is not str or type(values) is not list or len(values) != 1:
-                return None
-            v = values[0]
-            tv = type(v)
-            if tv is float:
-                append((job, rank, host, d, t, name, v))
-            elif tv is int:
-                append((job, rank, host, d, t, name, float(v)))
-            elif v is not None:
-                return None
-        return rows
+    # Check every metric before appending anything; a metric with None or int values is filtered or
+    # converted here, the common all-float one is taken as it is.
+    values_of: list[list[Any]] = []
+    ts_of: list[list[Any]] = []
+    devices_of: list[list[Any]] = []
+    metric_col: list[str] = []
     for name, values in metrics.items():
         if type(name) is not str or type(values) is not list or len(values) != n:
             return None
-        for t, d, v in zip(ts, devices, values, strict=False):   # all n long (checked above)
-            tv = type(v)
-            if tv is float:
-                append((job, rank, host, d, t, name, v))
-            elif v is None:
-                continue
-            elif tv is int:
-                append((job, rank, host, d, t, name, float(v)))
-            else:
-                return None
-    return rows
+        types = set(map(type, values))
+        if types <= _FLOAT_ONLY:
+            values_of.append(values)
+            ts_of.append(ts)
+            devices_of.append(devices)
+            metric_col += [name] * n
+        elif types <= _NUMBERS_OR_NONE:
+            keep = [i for i, v in enumerate(values) if v is not None]
+            if keep:
+                values_of.append([float(values[i]) for i in keep])
+                ts_of.append([ts[i] for i in keep])
+                devices_of.append([devices[i] for i in keep])
+                metric_col += [name] * len(keep)
+        else:
+            return None
+    cols = out.data
+    total = len(metric_col)
+    cols["value"].extend(chain.from_iterable(values_of))
+    cols["ts_ns"].extend(chain.from_iterable(ts_of))
+    cols["device"].extend(chain.from_iterable(devices_of))
+    cols["metric"].extend(metric_col)
+    cols["job"].extend([env.job] * total)
+    cols["rank"].extend([env.rank] * total)
+    cols["host"].extend([env.host] * total)
+    out.rows += total
+    return total
 
 
 def hw_columns_checked(env: Envelope, out: Columns) -> None:

@@ -43,7 +43,7 @@ from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.kafka_client import client_conf
 from rankscope.metrics import process_metrics
-from rankscope.storage.columns import JOB_COLUMNS, RANK_COLUMNS, TABLE_ORDER, InvalidMessage
+from rankscope.storage.columns import ARROW_TYPES, JOB_COLUMNS, RANK_COLUMNS, TABLE_ORDER, InvalidMessage
 from rankscope.storage.convert import Batch, RowBuilder
 from rankscope.storage.rows import merge_job, merge_rank
 from rankscope.storage.store import Store, StoreError
@@ -353,7 +353,7 @@ class Sink:
             else:
                 continue
             t0 = time.perf_counter()
-            n = self.store.insert_columns(table, columns)
+            n = self.store.insert_columns(table, columns, ARROW_TYPES.get(table))
             self.metrics.inserted(table, n, time.perf_counter() - t0)
             batch.done.add(table)
             if table == "ranks":

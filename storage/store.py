@@ -95,15 +95,20 @@ class Store:
                 raise StoreError(f"insert into {table}: {type(e).__name__}: {e}") from e
         return len(rows)
 
-    def insert_columns(self, table: str, columns: dict[str, list[Any]]) -> int:
-        """Column-oriented insert (fast path for large batches)."""
+    def insert_columns(self, table: str, columns: dict[str, list[Any]],
+                       arrow_types: dict[str, str] | None = None) -> int:
+        """Column-oriented insert (fast path for large batches); as Arrow when ``arrow_types`` gives
+        each column's Arrow type (see ``ARROW_TYPES`` in storage/columns.py)."""
         names = list(columns)
         if not names or not columns[names[0]]:
             return 0
         with self._lock:
             try:
-                self._client.insert(table, [columns[n] for n in names], column_names=names,
-                                    database=self.database, column_oriented=True)
+                if arrow_types is None:
+                    self._client.insert(table, [columns[n] for n in names], column_names=names,
+                                        database=self.database, column_oriented=True)
+                else:
+                    self._client.insert_arrow(table, arrow_table(columns, arrow_types), database=self.database)
             except Exception as e:
                 raise StoreError(f"insert into {table}: {type(e).__name__}: {e}") from e
         return len(columns[names[0]])
@@ -156,6 +161,15 @@ def apply_schema(store: Store) -> None:
 
 _STORES: dict[str, Store] = {}
 _STORES_LOCK = threading.Lock()
+
+
+def arrow_table(columns: dict[str, list[Any]], types: dict[str, str]) -> Any:
+    """A pyarrow Table of ``columns`` with the named Arrow types ("dict" = dictionary-encoded string)."""
+    import pyarrow as pa
+
+    named = {"dict": pa.dictionary(pa.int32(), pa.string()), "int32": pa.int32(), "int64": pa.int64(),
+             "float64": pa.float64(), "string": pa.string()}
+    return pa.table({n: pa.array(col, type=named[types[n]]) for n, col in columns.items()})
 
 
 def open_store(dsn: str, apply: bool = True) -> Store:

@@ -12,6 +12,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from benchmarks.loadgen import HANG_FRAMES, WAIT_FRAMES, LoadConfig, run
 from rankscope.config import Settings
+from rankscope.storage.columns import TABLE_COLUMNS, Columns
+from rankscope.storage.rows import hw_columns_checked
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, decode, rank_key
 
@@ -122,13 +124,26 @@ def test_v2_beats_keyed_by_rank_and_show_the_hang(fresh_topics: Settings) -> Non
     hw_every = round(fresh_topics.hw_send_s / fresh_topics.heartbeat_s)
     assert hw_every > 1
     samples = Counter()
+    hb_ns = int(fresh_topics.heartbeat_s * 1e9)
     for key, value in hw:
         e = decode(value)
-        assert e.kind == "hw" and key == rank_key(job, e.rank) and len(value) < 2048
-        ts = e.body["ts_ns"]
-        assert 1 <= len(ts) == len(e.body["device"]) <= hw_every and ts[-1] == e.sent_ns
-        assert all(b - a == int(fresh_topics.heartbeat_s * 1e9) for a, b in zip(ts, ts[1:], strict=False))
-        samples[e.rank] += len(ts)
+        assert e.kind == "hw" and key == rank_key(job, e.rank) and len(value) < 64 * 1024
+        local = e.rank % 8
+        per_sample = (local, -1) if local == 0 else (local,)   # local rank 0 adds the host's entry
+        ts, devices = e.body["ts_ns"], e.body["device"]
+        k, rest = divmod(len(ts), len(per_sample))
+        assert rest == 0 and 1 <= k <= hw_every and len(devices) == len(ts) and ts[-1] == e.sent_ns
+        assert devices == list(per_sample) * k
+        sample_ts = ts[::len(per_sample)]
+        assert ts == [t for t in sample_ts for _ in per_sample]
+        assert all(b - a == hb_ns for a, b in zip(sample_ts, sample_ts[1:], strict=False))
+        # The rows the sink stores: what a Hopper rank's sampler sends (21 GPU metrics) and, on local
+        # rank 0, the host's 9.
+        rows = Columns(TABLE_COLUMNS["hw_samples"])
+        hw_columns_checked(e, rows)
+        assert rows.rows == k * (21 + (9 if local == 0 else 0))
+        samples[e.rank] += k
+    assert out["hw_rows_per_s"] == (n * 21 + n // 8 * 9) / fresh_topics.heartbeat_s
     beats = Counter(e.rank for e in envs if e.kind == "beat")
     assert all(beats[r] - hw_every < samples[r] <= beats[r] for r in beats)
     assert len(hw) < len([e for e in envs if e.kind == "beat"]) / 2

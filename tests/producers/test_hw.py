@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -244,12 +245,41 @@ def test_host_metrics_on_local_rank_0_only(nvml: types.ModuleType) -> None:
         assert name in last, name
     assert 0 <= last["cpu_util"] <= 100
     assert 0 < last["mem_used_bytes"] < last["mem_total_bytes"]
-    assert any(k.startswith("cpu_util_core") for k in last)
+    assert 0 <= last["cpu_util_core_max"] <= 100 and 0 <= last["cpu_cores_busy"] <= (os.cpu_count() or 1)
+    assert not any(k.startswith("cpu_util_core") and k != "cpu_util_core_max" for k in last)
     assert gpu0[-1]["gpu_util"] == 10 and gpu0[-1]["mem_used_bytes"] == GIB   # same name, other device
     assert {d for _, d, _ in sent1.rows()} == {1}
     encode(envelope(sent0.bodies[0]))
     s0.stop()
     s1.stop()
+
+
+def test_host_cpu_cores_become_the_busiest_core_and_a_busy_count() -> None:
+    from collections import namedtuple
+
+    from rankscope.producers.hw_host import HostSampler
+
+    Times = namedtuple("Times", "user system idle iowait")
+    busy = [5.0, 95.0, 100.0, 40.0]   # % of each core's next second
+
+    class Ps:
+        calls = 0
+
+        def cpu_times(self, percpu: bool = False) -> Any:
+            Ps.calls += 1
+            if not percpu:
+                return Times(1.0 * Ps.calls, 0.0, 1.0 * Ps.calls, 0.0)
+            return [Times(b / 100 * Ps.calls, 0.0, (1 - b / 100) * Ps.calls, 0.0) for b in busy]
+
+    host = HostSampler(Ps())
+    first: dict[str, Any] = {}
+    host._cores(first, 0.0)
+    assert first == {}                      # no rate from the first reading
+    out: dict[str, Any] = {}
+    host._cores(out, 0.5)
+    assert out == {}                        # per-core times are read at most once a second
+    host._cores(out, 1.0)
+    assert out == {"cpu_util_core_max": 100.0, "cpu_cores_busy": 2.0}
 
 
 def test_fast_mode_samples_more_and_batches_per_message(nvml: types.ModuleType) -> None:

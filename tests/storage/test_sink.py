@@ -486,11 +486,12 @@ class FailingStore:
         self.fail = fail
         self.failures = 0
 
-    def insert_columns(self, table: str, columns: dict[str, list[Any]]) -> int:
+    def insert_columns(self, table: str, columns: dict[str, list[Any]],
+                       arrow_types: dict[str, str] | None = None) -> int:
         if self.failures < self.fail:
             self.failures += 1
             raise StoreError(f"insert into {table}: injected failure")
-        return self._store.insert_columns(table, columns)
+        return self._store.insert_columns(table, columns, arrow_types)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

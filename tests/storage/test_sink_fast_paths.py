@@ -43,6 +43,17 @@ def test_hw_fast_path_of_one_sample_matches_checked(metrics: dict[str, Any]) -> 
     check_hw_paths_agree({"ts_ns": [5], "device": [2], "metrics": metrics})
 
 
+@pytest.mark.parametrize("local_rank", [0, 3])
+def test_hw_fast_path_matches_checked_on_a_hopper_ranks_samples(local_rank: int) -> None:
+    # Five samples as a rank sends them; on local rank 0 each sample is a GPU entry and a host entry.
+    from benchmarks.loadgen import _hw_body
+    body = _hw_body(10**18, local_rank, True, samples=5)
+    check_hw_paths_agree(body)
+    cols = Columns(TABLE_COLUMNS["hw_samples"])
+    hw_columns(_env("hw", body), cols)
+    assert cols.rows == 5 * (21 + (9 if local_rank == 0 else 0))
+
+
 def check_hw_paths_agree(body: dict[str, Any]) -> None:
     fast, checked = Columns(TABLE_COLUMNS["hw_samples"]), Columns(TABLE_COLUMNS["hw_samples"])
     errors = []

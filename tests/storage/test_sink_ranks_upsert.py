@@ -80,7 +80,8 @@ class FakeStore:
     def __init__(self) -> None:
         self.inserts: list[tuple[str, dict[str, list[Any]]]] = []
 
-    def insert_columns(self, table: str, columns: dict[str, list[Any]]) -> int:
+    def insert_columns(self, table: str, columns: dict[str, list[Any]],
+                       arrow_types: dict[str, str] | None = None) -> int:
         n = len(next(iter(columns.values()))) if columns else 0
         if n:
             self.inserts.append((table, columns))

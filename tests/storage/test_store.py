@@ -7,9 +7,11 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rankscope.storage.columns import ARROW_TYPES, TABLE_COLUMNS
 from rankscope.storage.store import (
     Store,
     StoreError,
@@ -70,6 +72,35 @@ def test_insert_and_query(store: Store) -> None:
     assert empty.empty and list(empty.columns) == ["job", "rank"]
     with pytest.raises(StoreError):
         store.query_df("SELECT * FROM rankscope.no_such_table")
+
+
+@pytest.mark.parametrize("table", sorted(ARROW_TYPES))
+def test_arrow_insert_stores_what_the_native_insert_stores(store: Store, table: str) -> None:
+    names = TABLE_COLUMNS[table]
+    assert set(ARROW_TYPES[table]) == set(names)
+
+    def value(name: str, kind: str, i: int) -> Any:
+        if kind == "dict":
+            return f"{name}-{i % 3}"
+        if kind == "float64":
+            return i * 1.25 - 3.0
+        if kind == "int32":
+            return -(2**31) + i if i % 2 else i * 10**7
+        return 1_800_000_000 * 10**9 + i * 10**9 + i   # recent: the tables' TTLs drop old rows
+
+    def columns(job: str) -> dict[str, list[Any]]:
+        cols = {n: [value(n, ARROW_TYPES[table][n], i) for i in range(50)] for n in names}
+        return {**cols, "job": [job] * 50}
+
+    assert store.insert_columns(table, columns("native")) == 50
+    assert store.insert_columns(table, columns("arrow"), ARROW_TYPES[table]) == 50
+    cols = ", ".join(n for n in names if n != "job")
+    read = {job: store.query_rows(f"SELECT {cols} FROM rankscope.{table} WHERE job = '{job}' ORDER BY {cols}")
+            for job in ("native", "arrow")}
+    assert len(read["arrow"]) == 50 and read["arrow"] == read["native"]
+    assert store.query_rows(f"SELECT toTypeName(job) FROM rankscope.{table} LIMIT 1") == [("LowCardinality(String)",)]
+    with pytest.raises(StoreError):   # a value out of its column's range is refused, not wrapped
+        store.insert_columns(table, {**columns("bad"), "rank": [2**31] * 50}, ARROW_TYPES[table])
 
 
 def test_open_store_is_shared_and_reopens_after_close(tmp_path: Path) -> None:
