@@ -272,7 +272,8 @@ class LagSampler(threading.Thread):
         return {"group": self.targets[label][0], "topic": self.targets[label][1],
                 "p50_s": round(float(np.percentile(lags, 50)), 3), "p99_s": round(float(np.percentile(lags, 99)), 3),
                 "max_s": round(float(lags.max()), 3), "growth_s_per_s": None if slope is None else round(slope, 4),
-                "last_s": round(float(ws[-1]), 3), "samples": len(rows)}
+                "last_s": round(float(ws[-1]), 3), "samples": len(rows),
+                "worst_per_s": [[round(float(t - t0), 1), round(float(w), 2)] for t, w in zip(ts, ws, strict=True)]}
 
     def caught_up_at(self, label: str, after: float) -> float | None:
         """First second after ``after`` at which every partition's lag was 0."""

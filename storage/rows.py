@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from itertools import chain
+from itertools import chain, compress, repeat
+from operator import is_not
 from typing import Any
 
 from rankscope.alerts import Alert
@@ -138,7 +139,44 @@ def hw_columns(env: Envelope, out: Columns) -> int:
 
 
 _FLOAT_ONLY = frozenset((float,))
+_LIST_ONLY = {list}
+_STR_ONLY = frozenset((str,))
+_INT_OR_FLOAT = frozenset((int, float))
 _NUMBERS_OR_NONE = frozenset((float, int, type(None)))
+
+
+def _flat_numbers(metrics: dict[Any, Any], n: int) -> tuple[list[Any], list[bool] | None] | None:
+    """Every metric's values, metric after metric, when every name is a string and every value list
+    holds ``n`` ints, floats or Nones: (the values, ints as floats; which ones are not None, or None
+    when all are); otherwise None."""
+    if not metrics or set(map(type, metrics.values())) != _LIST_ONLY or set(map(len, metrics.values())) != {n} \
+            or not set(map(type, metrics)) <= _STR_ONLY:
+        return None
+    flat = list(chain.from_iterable(metrics.values()))
+    types = set(map(type, flat))
+    if types <= _FLOAT_ONLY:
+        return flat, None
+    if types <= _INT_OR_FLOAT:
+        return list(map(float, flat)), None
+    if types <= _NUMBERS_OR_NONE:
+        keep = list(map(is_not, flat, repeat(None)))
+        return list(map(float, compress(flat, keep))), keep
+    return None
+
+
+_METRIC_COLUMNS: dict[tuple[tuple[str, ...], int], list[str]] = {}
+
+
+def _metric_column(names: tuple[str, ...], n: int) -> list[str]:
+    """The ``metric`` column of ``n`` samples of ``names``, metric after metric (messages of one
+    producer version share their names, so the column is kept)."""
+    key = (names, n)
+    col = _METRIC_COLUMNS.get(key)
+    if col is None:
+        if len(_METRIC_COLUMNS) >= 1024:
+            _METRIC_COLUMNS.clear()
+        col = _METRIC_COLUMNS[key] = [name for name in names for _ in range(n)]
+    return col
 
 
 def hw_columns_fast(env: Envelope, out: Columns) -> int | None:
@@ -157,39 +195,28 @@ def hw_columns_fast(env: Envelope, out: Columns) -> int | None:
     for d in devices:
         if type(d) is not int or not LO32 <= d <= HI32:
             return None
-    # Check every metric before appending anything; a metric with None or int values is filtered or
-    # converted here, the common all-float one is taken as it is.
-    values_of: list[list[Any]] = []
-    ts_of: list[list[Any]] = []
-    devices_of: list[list[Any]] = []
-    metric_col: list[str] = []
-    for name, values in metrics.items():
-        if type(name) is not str or type(values) is not list or len(values) != n:
-            return None
-        types = set(map(type, values))
-        if types <= _FLOAT_ONLY:
-            values_of.append(values)
-            ts_of.append(ts)
-            devices_of.append(devices)
-            metric_col += [name] * n
-        elif types <= _NUMBERS_OR_NONE:
-            keep = [i for i, v in enumerate(values) if v is not None]
-            if keep:
-                values_of.append([float(values[i]) for i in keep])
-                ts_of.append([ts[i] for i in keep])
-                devices_of.append([devices[i] for i in keep])
-                metric_col += [name] * len(keep)
-        else:
-            return None
+    # Every metric a list of n numbers or Nones (NVML gives ints for memory sizes and error counts):
+    # checked, converted and appended in a few C-level passes over all the message's values.
+    flat_keep = _flat_numbers(metrics, n)
+    if flat_keep is None:
+        return None
+    flat, keep = flat_keep
+    names = tuple(metrics)
+    m = len(names)
+    total = len(flat)
     cols = out.data
-    total = len(metric_col)
-    cols["value"].extend(chain.from_iterable(values_of))
-    cols["ts_ns"].extend(chain.from_iterable(ts_of))
-    cols["device"].extend(chain.from_iterable(devices_of))
-    cols["metric"].extend(metric_col)
-    cols["job"].extend([env.job] * total)
-    cols["rank"].extend([env.rank] * total)
-    cols["host"].extend([env.host] * total)
+    cols["value"].extend(flat)
+    if keep is None:
+        cols["ts_ns"].extend(ts * m)
+        cols["device"].extend(devices * m)
+        cols["metric"].extend(_metric_column(names, n))
+    else:
+        cols["ts_ns"].extend(compress(ts * m, keep))
+        cols["device"].extend(compress(devices * m, keep))
+        cols["metric"].extend(compress(_metric_column(names, n), keep))
+    cols["job"].extend(repeat(env.job, total))
+    cols["rank"].extend(repeat(env.rank, total))
+    cols["host"].extend(repeat(env.host, total))
     out.rows += total
     return total
 

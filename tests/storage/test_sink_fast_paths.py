@@ -24,6 +24,12 @@ def _env(kind: str, body: dict[str, Any]) -> Envelope:
     {"util": [True, 1.0]},        # bool: rejected by the checked path
     {"util": ["x", 1.0]},
     {"util": [1.0]},              # wrong length
+    {"util": [1, 2], "mem": [2**40, 0.5]},
+    {"util": [None, None]},
+    {"util": [None, 2], "mem": [None, "x"]},
+    {"util": [[1.0], 2.0]},
+    {"util": (1.0, 2.0)},
+    {"util": [1.0, 2.0], 5: [1.0, 2.0]},
 ])
 def test_hw_fast_path_matches_checked(metrics: dict[str, Any]) -> None:
     check_hw_paths_agree({"ts_ns": [1, 2], "device": [0, 1], "metrics": metrics})
