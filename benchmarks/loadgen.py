@@ -521,8 +521,12 @@ def hw_rows_per_s(cfg: LoadConfig, heartbeat_s: float) -> float:
     """``hw_samples`` rows the job's hardware samples make per second (one sample per rank per beat)."""
     if not cfg.hw:
         return 0.0
+    def rows(local_rank: int) -> int:   # of one sample
+        body = _hw_body(0, local_rank, True, gpm=cfg.gpm)
+        return sum(v is not None for values in body["metrics"].values() for v in values)
+
     hosts = len(range(0, cfg.ranks, 8))
-    return (cfg.ranks * (13 + 8 * cfg.gpm) + hosts * 9) / heartbeat_s
+    return ((cfg.ranks - hosts) * rows(1) + hosts * rows(0)) / heartbeat_s
 
 
 def parse_args(argv: list[str] | None = None) -> LoadConfig:

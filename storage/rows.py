@@ -139,7 +139,7 @@ def hw_columns(env: Envelope, out: Columns) -> int:
 
 
 _FLOAT_ONLY = frozenset((float,))
-_LIST_ONLY = {list}
+_LIST_ONLY = frozenset((list,))
 _STR_ONLY = frozenset((str,))
 _INT_OR_FLOAT = frozenset((int, float))
 _NUMBERS_OR_NONE = frozenset((float, int, type(None)))
@@ -164,21 +164,6 @@ def _flat_numbers(metrics: dict[Any, Any], n: int) -> tuple[list[Any], list[bool
     return None
 
 
-_METRIC_COLUMNS: dict[tuple[tuple[str, ...], int], list[str]] = {}
-
-
-def _metric_column(names: tuple[str, ...], n: int) -> list[str]:
-    """The ``metric`` column of ``n`` samples of ``names``, metric after metric (messages of one
-    producer version share their names, so the column is kept)."""
-    key = (names, n)
-    col = _METRIC_COLUMNS.get(key)
-    if col is None:
-        if len(_METRIC_COLUMNS) >= 1024:
-            _METRIC_COLUMNS.clear()
-        col = _METRIC_COLUMNS[key] = [name for name in names for _ in range(n)]
-    return col
-
-
 def hw_columns_fast(env: Envelope, out: Columns) -> int | None:
     """The ``hw_samples`` rows of a well-formed ``hw`` message appended to ``out`` column by column
     (no row tuples: a Hopper rank's message makes ~100 rows), with their count; or None, appending
@@ -201,19 +186,19 @@ def hw_columns_fast(env: Envelope, out: Columns) -> int | None:
     if flat_keep is None:
         return None
     flat, keep = flat_keep
-    names = tuple(metrics)
-    m = len(names)
+    m = len(metrics)
+    metric_col = [name for name in metrics for _ in range(n)]
     total = len(flat)
     cols = out.data
     cols["value"].extend(flat)
     if keep is None:
         cols["ts_ns"].extend(ts * m)
         cols["device"].extend(devices * m)
-        cols["metric"].extend(_metric_column(names, n))
+        cols["metric"].extend(metric_col)
     else:
         cols["ts_ns"].extend(compress(ts * m, keep))
         cols["device"].extend(compress(devices * m, keep))
-        cols["metric"].extend(compress(_metric_column(names, n), keep))
+        cols["metric"].extend(compress(metric_col, keep))
     cols["job"].extend(repeat(env.job, total))
     cols["rank"].extend(repeat(env.rank, total))
     cols["host"].extend(repeat(env.host, total))

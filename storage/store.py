@@ -168,7 +168,7 @@ def arrow_table(columns: dict[str, list[Any]], types: dict[str, str]) -> Any:
     import pyarrow as pa
 
     named = {"dict": pa.dictionary(pa.int32(), pa.string()), "int32": pa.int32(), "int64": pa.int64(),
-             "float64": pa.float64(), "string": pa.string()}
+             "float64": pa.float64()}
     return pa.table({n: pa.array(col, type=named[types[n]]) for n, col in columns.items()})
 
 
