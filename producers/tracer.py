@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
+import os
 import signal
 import statistics
 import sys
@@ -35,6 +36,7 @@ from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings, unknown_env
 from rankscope.kafka_client import client_conf
 from rankscope.own_frames import is_own_frame
+from rankscope.producers.collective_log import CollectiveLog, enable_recorder
 from rankscope.producers.collectives import CommTimer, install, uninstall
 from rankscope.producers.control import ControlListener
 from rankscope.producers.ddp import DdpWatcher, mark_reducer_wait
@@ -106,13 +108,13 @@ class Tracer:
         self._comm = CommTimer()
         if install_collective_timing:
             install(self._comm)
+        self._collectives = self._collective_log()
         # DDP models made before or after this tracer get the last-gradient mark (producers/ddp.py).
         self._ddp = DdpWatcher(self._comm)
         if self.settings.ddp_autodetect:
             self._ddp.start()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat_loop, name="rankscope-heartbeat", daemon=True)
-        self._thread.start()
         # Hardware sampler (producers/hw.py): its own thread, HW topic, key "job/rank".
         self.hw_sampler: HardwareSampler | None = None
         if self.settings.hw_sample_s > 0:
@@ -132,6 +134,13 @@ class Tracer:
                     signal.signal(signal.SIGTERM, self._on_sigterm)
             except (ValueError, OSError):
                 pass
+        # Time without a step counts from here, and a first beat goes out now: a rank killed in its
+        # first second is still known to exist.
+        self._step_start_ns = self.clock.wall_ns()
+        self._send_beat()
+        self._thread.start()
+        if self._collectives is not None:
+            threading.Thread(target=self._collective_loop, name="rankscope-collectives", daemon=True).start()
 
     # Public API -------------------------------------------------------------------------------
     @property
@@ -258,6 +267,20 @@ class Tracer:
         self.close("exception", detail, exc_type=full, frames=frames)
 
     # Background -------------------------------------------------------------------------------
+    def _collective_log(self) -> CollectiveLog | None:
+        """Switch the Flight Recorder on (unless the user configured it) and make its reader; None
+        with ``coll_ring`` 0. A process group made before this tracer has no recorder."""
+        if self.settings.coll_ring <= 0:
+            return None
+        dist = sys.modules.get("torch.distributed")
+        made_before = bool(dist is not None and dist.is_available() and dist.is_initialized())
+        set_now = enable_recorder(os.environ, self.settings.coll_ring, self.settings.coll_timing)
+        reader = CollectiveLog(self.identity.world_size)
+        if made_before and set_now:
+            reader.turn_off("the process group was made before the tracer; make the Tracer first, use "
+                        "`rankscope run`, or set TORCH_FR_BUFFER_SIZE")
+        return reader
+
     def _send(self, kind: str, body: dict[str, Any]) -> None:
         self._send_to(self._steps_topic, self._rank_key, kind, body)
 
@@ -300,9 +323,12 @@ class Tracer:
     def _send_beat(self) -> None:
         batch, self._pending = self._pending, []
         hb = self.heartbeat_body()
-        self._send("beat", {"step": [r[0] for r in batch], "start_ns": [r[1] for r in batch],
-                            "end_ns": [r[2] for r in batch], "comm_ns": [r[3] for r in batch],
-                            "hb_step": hb.pop("step"), **hb})
+        body = {"step": [r[0] for r in batch], "start_ns": [r[1] for r in batch],
+                "end_ns": [r[2] for r in batch], "comm_ns": [r[3] for r in batch], "hb_step": hb.pop("step"), **hb}
+        coll = self._collectives.take() if self._collectives is not None else None
+        if coll:
+            body["coll"] = coll
+        self._send("beat", body)
 
     def heartbeat_body(self) -> dict[str, Any]:
         now = self.clock.wall_ns()
@@ -333,6 +359,13 @@ class Tracer:
                 self._send_beat()
             except Exception as e:  # keep the thread alive whatever happens
                 log.debug("heartbeat failed: %s", e)
+
+    def _collective_loop(self) -> None:
+        log_ = self._collectives
+        while log_ is not None and not self._stop.wait(self.settings.heartbeat_s):
+            if log_.off_reason:
+                return
+            log_.collect()
 
     def _atexit(self) -> None:
         self.close("completed" if self._step >= 0 else "atexit")

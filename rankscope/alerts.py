@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ALERT_SCHEMA_VERSION = 1
-ALERT_KINDS = frozenset({"hang", "dead_rank", "slow_rank", "abnormal_worker", "rank_failed"})
+ALERT_KINDS = frozenset({"hang", "dead_rank", "slow_rank", "abnormal_worker", "rank_failed", "collective_mismatch"})
 ALERT_STATUSES = frozenset({"open", "update", "resolved"})
 
 

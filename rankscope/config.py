@@ -115,6 +115,10 @@ class Settings:
     producer_compression: str = "zstd"  # Kafka compression of what ranks send: none, gzip, snappy, lz4, zstd
     trace_byte_budget: int = 8_000_000
     flight_steps: int = 256
+    # Collective records from PyTorch's Flight Recorder: its ring size (TORCH_FR_BUFFER_SIZE, unless
+    # set by the user; 0 = no collective records) and NCCL's device timing (TORCH_NCCL_ENABLE_TIMING).
+    coll_ring: int = 128
+    coll_timing: bool = True
     native_reader: bool = True  # read trace windows with the C++ reader when built (rankscope build-native)
     control_enabled: bool = True
     ddp_autodetect: bool = True  # the tracer finds DDP models by itself and marks their busy time
@@ -150,6 +154,8 @@ class Settings:
         if self.step_marker and not _is_marker(self.step_marker):
             raise ConfigError(f"step_marker must be 'module:function' (e.g. 'train:train_step' or "
                               f"'mypkg.loop:Trainer.step'), got {self.step_marker!r}")
+        if self.coll_ring < 0:
+            raise ConfigError(f"coll_ring must be >= 0 (0 = no collective records), got {self.coll_ring!r}")
         if self.hw_sample_s < 0:
             raise ConfigError(f"hw_sample_s must be >= 0 (0 = off), got {self.hw_sample_s!r}")
         if self.straggler_min_s < 0 or self.straggler_min_slow_steps < 2:

@@ -70,7 +70,8 @@ BODY_SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "heartbeat": {"step": _INT, "since_step_s": _NUM, "dropped": _INT, "world_size": _INT,
                   "local_rank": _INT, "stacks": _OPT_LIST},
     # v2: step records (columnar, as in "steps") and the heartbeat fields ("hb_step" is the
-    # heartbeat's "step") in one message per rank per heartbeat period.
+    # heartbeat's "step") in one message per rank per heartbeat period; optional "coll": the rank's
+    # collectives since its last beat (rankscope/collective_records.py).
     "beat": {"step": _LIST, "start_ns": _LIST, "end_ns": _LIST, "comm_ns": _LIST, "hb_step": _INT,
              "since_step_s": _NUM, "dropped": _INT, "world_size": _INT, "local_rank": _INT,
              "stacks": _OPT_LIST},
@@ -183,8 +184,19 @@ def _fast_hw(b: dict[str, Any]) -> bool:
         return False
 
 
+def _fast_coll(b: dict[str, Any]) -> bool:
+    coll = b.get("coll")
+    if coll is None:
+        return True
+    try:
+        collective_records.validate(coll)
+    except WireError:
+        return False     # the full checks reject it with the reason
+    return True
+
+
 _FAST_BODY_CHECKS = {
-    "beat": lambda b: _fast_step_columns(b) and _fast_heartbeat_fields(b, "hb_step"),
+    "beat": lambda b: _fast_step_columns(b) and _fast_heartbeat_fields(b, "hb_step") and _fast_coll(b),
     "steps": _fast_step_columns,
     "heartbeat": lambda b: _fast_heartbeat_fields(b, "step"),
     "hw": _fast_hw,
@@ -232,6 +244,8 @@ def _validate_body(kind: str, body: dict[str, Any]) -> None:
                 raise WireError("bad_body", f"{kind}.{c} has {len(col)} values, step has {n}")
             if not all(isinstance(x, int) and not isinstance(x, bool) for x in col):
                 raise WireError("bad_body", f"{kind}.{c} holds a non-integer")
+    if kind == "beat" and body.get("coll") is not None:
+        collective_records.validate(body["coll"])
     if kind in ("heartbeat", "beat") and body["stacks"] is not None:
         for s in body["stacks"]:
             if not (isinstance(s, dict) and isinstance(s.get("thread"), str) and isinstance(s.get("frames"), list)):
@@ -270,3 +284,6 @@ def split_beat(env: Envelope) -> tuple[Envelope, Envelope]:
         return _trusted_envelope(kind, env.job, env.rank, env.host, env.pid, env.seq, env.sent_ns, body, env.v)
 
     return part("steps", steps), part("heartbeat", hb)
+
+
+from rankscope import collective_records  # noqa: E402  (validates beat.coll; imports WireError from here)

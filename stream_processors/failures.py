@@ -11,6 +11,7 @@ The culprit, in order of evidence:
    signal other than the ones that stop a job from outside (SIGTERM, SIGINT, SIGHUP);
 2. else the first rank to go silent: no exit record, its last message before the first failure
    on record, and nothing from it for :func:`silent_after_s` (a live rank beats every second);
+   a rank the world size says exists but that never sent anything went silent first of all;
 3. else the earliest exception (every one is a peer-connection error).
 Every other failed rank is a follower. Ranks that all stopped on SIGTERM-like signals, with none
 silent, were stopped from outside (a cancelled job): no verdict. An exit record's time is exact,
@@ -87,6 +88,17 @@ def silent_ranks(rows: Iterable[Row], first_failure_ns: int, now_s: float, setti
     return silent, pending
 
 
+NEVER_REPORTED = "never reported: no message from it at all"
+
+
+def never_reported(rows: Mapping[int, Row] | Iterable[int], world_size: int) -> list[Failure]:
+    """The ranks the world size says exist but that sent nothing (killed before their first
+    heartbeat), as silent :class:`Failure` records dated 0: gone before any failure on record."""
+    known = set(rows)
+    return [Failure(rank=r, host="", pid=0, exit_ns=0, step=-1, reason=SILENT, exc_type="", detail=NEVER_REPORTED,
+                    frames=[]) for r in range(max(0, world_size)) if r not in known][:MAX_FOLLOWERS]
+
+
 @dataclass(frozen=True)
 class Verdict:
     culprit: Failure
@@ -124,7 +136,7 @@ def describe(f: Failure) -> str:
     if f.reason == "signal":
         return f"signal {signal_name(f)}".strip()
     if f.reason == SILENT:
-        return f"{SILENT}: {SILENT_DETAIL}"
+        return f"{SILENT}: {f.detail or SILENT_DETAIL}"
     return f"{f.reason} {f.detail}".strip()
 
 

@@ -33,7 +33,7 @@ from typing import Any
 from rankscope.alerts import Alert, StackGroup
 from rankscope.config import Settings
 from rankscope.rank_states import DEAD, HUNG, RUNNING, SLOW, WAITING, exited_state
-from rankscope.stream_processors import failures
+from rankscope.stream_processors import collective_arrivals, failures
 from rankscope.stream_processors.job_view import MAX_GROUP_RANKS, JobView
 from rankscope.stream_processors.rank_state import CRASH_REASONS
 from rankscope.stream_processors.slow_rule import SlowRule, slow_ranks
@@ -192,6 +192,7 @@ class JobMonitor:
             out += self._dead_rule(view, now_s, dead)   # else the rank_failed incident already names them
         out += self.slow.evaluate(self, view, now_s, settings, set(dead))
         out += self._failure_rule(view, now_s, settings)
+        out += self._mismatch_rule(now_s)
         return out
 
     def _failure_rule(self, view: JobView, now_s: float, settings: Settings) -> list[Alert]:
@@ -199,6 +200,8 @@ class JobMonitor:
         to fail too and every rank that may have gone silent before them is known to have or not."""
         first_ns = view.failures[0].exit_ns if view.failures else 0
         silent, pending = failures.silent_ranks(view.rows.values(), first_ns, now_s, settings, view.frontier_s)
+        if view.exact and view.failures:
+            silent += failures.never_reported(view.rows, view.world_size)
         verdict = failures.attribute(view.failures, silent)
         cur = self.incidents.get("rank_failed")
         if verdict is None:
@@ -241,8 +244,13 @@ class JobMonitor:
         live_total = view.live - len(dead) if not view.exact else len(live)
         whole_job = view.min_age_s > thr if not view.exact else len(stalled) == len(live)
         whole_job = whole_job or len(stalled) >= live_total
+        coll = self._collectives_behind(view, live)
+        coll_rows = [rows[r] for b in coll.values() for r in b["ranks"] if r in rows and rows[r] in stalled]
         if crashed and cur is None:
             culprits = crashed
+        elif coll_rows:
+            # The device's view: the ranks that never reached the collective their peers wait in.
+            culprits = sorted(set(coll_rows), key=lambda r: r.rank)
         elif whole_job:
             min_step = min(r.last_step for r in stalled)
             at_min = [r for r in stalled if r.last_step == min_step]
@@ -285,9 +293,42 @@ class JobMonitor:
                    "whole_job_stalled": whole_job, "progress_age_s": round(age, 1)}
         if len(ranks) > len(shown):
             details["culprit_count"] = len(ranks)
+        if culprits and coll_rows and culprits[0] in coll_rows:
+            pg, b = next((pg, b) for pg, b in sorted(coll.items()) if set(b["ranks"]) & set(ranks))
+            details["collective"] = {"process_group": pg, "seq": b["seq"], "op": b["op"],
+                                     "reached": {str(r): v for r, v in sorted(b["ranks"].items())[:MAX_DETAIL_RANKS]}}
+            summary += (f"; the others wait in {b['op'] or 'collective'} #{b['seq']} of process group {pg}, "
+                        f"which {'they' if len(ranks) > 1 else 'it'} never reached")
         if dead_culprits:
             details["culprit_crashed"] = True
         return self._open_or_update("hang", now_s, shown, step, summary, "critical", groups, details)
+
+    def _collectives_behind(self, view: JobView, live: list[Row]) -> dict[str, dict[str, Any]]:
+        """Per process group, the live ranks behind the newest collective another member reached
+        (stream_processors/collective_arrivals.py), from the shards' latest summaries."""
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for s in self.shards.values():
+            for pg, g in s.agg.get("coll", {}).items():
+                groups.setdefault(pg, []).append(g)
+        if not groups:
+            return {}
+        live_ranks = {r.rank for r in live}
+        return collective_arrivals.behind(groups, live_ranks)
+
+    def _mismatch_rule(self, now_s: float) -> list[Alert]:
+        """collective_mismatch: the same collective of a group issued with another op, sizes or dtypes."""
+        if "collective_mismatch" in self.incidents:
+            return []
+        for pg, led in sorted(self.slow.groups.items()):
+            if not led.mismatches:
+                continue
+            seq, rank_a, label_a, rank_b, label_b = led.mismatches[0]
+            summary = (f"job {self.job}: collective #{seq} of process group {pg} does not match: rank {rank_b} "
+                       f"issued {label_b}, rank {rank_a} {label_a}")
+            details = {"process_group": pg, "seq": seq, "rank": rank_b, "op": label_b, "peer": rank_a,
+                       "peer_op": label_a, "mismatches": [list(m) for m in led.mismatches[:4]]}
+            return self._open_or_update("collective_mismatch", now_s, [rank_b], -1, summary, "critical", [], details)
+        return []
 
     @staticmethod
     def _groups(view: JobView, stalled: list[Row]) -> list[StackGroup]:

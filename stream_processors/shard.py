@@ -15,6 +15,7 @@ from rankscope.config import Settings
 from rankscope.rank_states import DEAD, RUNNING, WAITING, exited_state
 from rankscope.stream_processors.analysis.outliers import peer_z
 from rankscope.stream_processors.arrivals import ShardArrivals
+from rankscope.stream_processors.collective_arrivals import ShardCollectives
 from rankscope.stream_processors.rank_state import RankState, fold
 from rankscope.stream_processors.stacks import main_stack, signature, waiting_in_collective
 from rankscope.stream_processors.summary import (
@@ -50,6 +51,7 @@ class ShardJob:
         self.last_input_s = 0.0
         self.new_steps = 0
         self.arrivals = ShardArrivals()
+        self.collectives = ShardCollectives()
 
     def apply(self, env: Envelope, now_s: float, settings: Settings) -> None:
         st = self.ranks.get(env.rank)
@@ -59,6 +61,8 @@ class ShardJob:
         new = fold(st, env, now_s, settings.straggler_window)
         if new:
             self.arrivals.add(env, before)
+        if env.kind == "beat" and "coll" in env.body:
+            self.collectives.add(env)
         self.new_steps += new
         ws = env.body.get("world_size", 0) if env.kind in ("heartbeat", "beat") else 0
         if ws > 0:
@@ -118,6 +122,9 @@ class ShardJob:
             "new_steps": self.new_steps, "retired": int(retired),
             "arrivals": self.arrivals.passed(min((s.last_step for s in live), default=-1)),
         }
+        if self.collectives.groups:
+            self.collectives.forget({st.rank for st in self.ranks.values() if st.exit_reason} | silent_ids)
+            agg["coll"] = self.collectives.summary()
         self.new_steps = 0
         chosen = self._rows_to_send(live, silent, crashed, now_s, settings)
         stacks = self._stack_groups()

@@ -29,20 +29,27 @@ when it left the previous collective (see stream_processors/arrivals.py).
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rankscope.alerts import Alert
 from rankscope.config import Settings
-from rankscope.last_arrivals import Step, enter_share, horizon_stats
+from rankscope.last_arrivals import Step, enter_share, horizon_stats, latest_horizon
 from rankscope.stream_processors.analysis.outliers import flag_slow
 from rankscope.stream_processors.arrivals import ArrivalLedger, parse_arrivals
+from rankscope.stream_processors.collective_arrivals import CollectiveLedger, parse_coll
 from rankscope.stream_processors.job_view import JobView
 from rankscope.stream_processors.summary import ShardSummary, hist_quantile
 
 if TYPE_CHECKING:
     from rankscope.stream_processors.monitor import JobMonitor
 
+STEPS = "steps"             # the evidence source of host-side step records
+MAX_GROUPS = 64             # process groups judged per job
+COLLECTIVE_EVIDENCE = ("arrival at each collective of the process group, from every rank's Flight Recorder "
+                       "(device durations where timed, else when the rank issued it); the last rank's lead "
+                       "over the second-to-last is what every member waits for it")
 MAX_ALERT_RANKS = 256
 MAX_DETAIL_RANKS = 64
 PERSIST_FRACTION = 0.5      # slow and costly for this fraction of straggler_min_s before it is alerted
@@ -53,16 +60,54 @@ LEAVE_COST_FRACTION = 0.5   # ... or below this fraction of the cost gate
 @dataclass
 class SlowRule:
     ledger: ArrivalLedger = field(default_factory=ArrivalLedger)
-    evaluated_step: int = -1
     enter_evals: dict[int, int] = field(default_factory=dict)   # rank -> evaluations in a row slow and costly
     costly_since_ns: dict[int, int] = field(default_factory=dict)   # ... since this step's arrival (event time)
     leave_evals: dict[int, int] = field(default_factory=dict)   # named rank -> evaluations in a row not
     watch: dict[int, dict[str, float]] = field(default_factory=dict)   # slow ranks, alerted or not
     lost_rank_seconds: float = 0.0
 
+    groups: dict[str, CollectiveLedger] = field(default_factory=dict)   # process group -> its collectives
+    evaluated: dict[str, int] = field(default_factory=dict)             # source -> newest item judged
+    source: str = "steps"       # the evidence of the last evaluation: STEPS or a process group
+
     def add(self, summary: ShardSummary) -> None:
-        """Take a shard summary's arrival rows. Raises WireError when they are malformed."""
+        """Take a shard summary's arrival rows and collective rows. Raises WireError when malformed."""
         self.ledger.add(summary.shard, summary.agg, parse_arrivals(summary.agg))
+        for pg, g in parse_coll(summary.agg).items():
+            led = self.groups.get(pg)
+            if led is None:
+                if len(self.groups) >= MAX_GROUPS:
+                    continue
+                led = self.groups[pg] = CollectiveLedger(pg)
+            led.add(summary.shard, g)
+
+    def _sources(self) -> dict[str, deque[Step]]:
+        return {STEPS: self.ledger.steps, **{pg: led.steps for pg, led in self.groups.items()}}
+
+    def _progressed(self, settings: Settings) -> bool:
+        """True when some evidence holds ``straggler_window / 4`` new items since it was last judged."""
+        every = max(1, settings.straggler_window // 4)
+        grown = False
+        for name, steps in self._sources().items():
+            if steps and steps[-1].step >= self.evaluated.get(name, -1) + every:
+                self.evaluated[name] = steps[-1].step
+                grown = True
+        return grown
+
+    def _choose_source(self, settings: Settings, n: int) -> tuple[str, list[Step]]:
+        """The evidence to judge: of the steps and each group's collectives, the one where a slow
+        rank costs the most (a device's lateness shows only in its collectives where collectives do
+        not block; a host's shows in both). Steps when no evidence shows a slow rank."""
+        best: tuple[float, str, list[Step]] = (-1.0, STEPS, [])
+        for name, steps in self._sources().items():
+            horizon = latest_horizon(steps, settings.straggler_min_s, settings.straggler_min_slow_steps)
+            if not horizon:
+                continue
+            slow_costs = [co for sh, co in horizon_stats(horizon).values() if sh >= enter_share(n)]
+            score = max(slow_costs, default=0.0) + (1e-9 if name == self.source else 0.0)
+            if score > best[0]:
+                best = (score, name, horizon)
+        return best[1], best[2]
 
     @staticmethod
     def stepping(mon: JobMonitor, view: JobView, now_s: float, settings: Settings, dead: set[int]) -> dict[int, float]:
@@ -77,11 +122,13 @@ class SlowRule:
     def evaluate(self, mon: JobMonitor, view: JobView, now_s: float, settings: Settings,
                  dead: set[int]) -> list[Alert]:
         active = [sh for sh, s in mon.shards.items() if s.agg["live"]]
-        closed = self.ledger.complete(active)
+        closed = {STEPS: self.ledger.complete(active)}
+        for pg, led in self.groups.items():
+            closed[pg] = led.complete([sh for sh in active if mon.shards[sh].agg.get("coll", {}).get(pg, {}).get("members")])
         cur = mon.incidents.get("slow_rank")
         named = set(cur["ranks"]) if cur else set()
         world = max(view.world_size, view.ranks)
-        self.lost_rank_seconds += sum(s.saving_ns for s in closed if s.rank in named) * world / 1e9
+        self.lost_rank_seconds += sum(s.saving_ns for s in closed.get(self.source, []) if s.rank in named) * world / 1e9
         stepping = self.stepping(mon, view, now_s, settings, dead)
         if cur is not None:
             # A slow rank that stops stepping (hung, dead, exited) leaves the incident at once.
@@ -97,15 +144,14 @@ class SlowRule:
                 return mon._open_or_update("slow_rank", now_s, remaining, cur["step"], f"{cur['summary']} ({why})",
                                            "warning", [], {**cur["details"], "left": gone},
                                            lost=self.lost_rank_seconds)
-        steps = self.ledger.steps
-        if not steps or steps[-1].step < self.evaluated_step + max(1, settings.straggler_window // 4):
+        if not self._progressed(settings):
             return []
-        self.evaluated_step = steps[-1].step
-        horizon = self.ledger.horizon(settings.straggler_min_s, settings.straggler_min_slow_steps)
         n = sum(1 for r in view.rows.values() if not r.exit_reason and r.rank not in dead) if view.exact \
             else view.live - len(dead)
+        source, horizon = self._choose_source(settings, n)
         if not horizon or n < 3:
             return []
+        self.source = source
         stats = horizon_stats(horizon)
         enter, gate = enter_share(n), settings.straggler_cost_gate
         newest_ns = horizon[-1].arrival_ns
@@ -133,8 +179,14 @@ class SlowRule:
         details = self._details(view, stats, horizon, slow, stepping, world, settings)
         worst = max(slow, key=lambda r: stats.get(r, (0.0, 0.0))[1])
         share, cost = stats.get(worst, (0.0, 0.0))
+        if source == STEPS:
+            where, items = "the collective", "steps"
+        else:
+            op = self.groups[source].label_of(horizon, set(slow))
+            details.update(evidence=COLLECTIVE_EVIDENCE, process_group=source, collective=op)
+            where, items = f"{op.split(' ', 1)[0] or 'collectives'} in process group {source}", "collectives"
         summary = (f"job {mon.job}: rank{'s' if len(slow) > 1 else ''} {','.join(map(str, slow[:16]))} slow: "
-                   f"last to reach the collective in {share:.0%} of the last {len(horizon)} steps "
+                   f"last to reach {where} in {share:.0%} of the last {len(horizon)} {items} "
                    f"({details['horizon_s']:.0f} s), costing {cost:.1%} of the job's time")
         return mon._open_or_update("slow_rank", now_s, slow[:MAX_ALERT_RANKS], max(view.min_step, 0), summary,
                                    "warning", [], details, lost=self.lost_rank_seconds)

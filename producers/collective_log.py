@@ -1,0 +1,224 @@
+"""This rank's collectives, read from PyTorch's Flight Recorder off the training thread.
+
+The recorder keeps, per process group, a ring of the rank's collectives (sequence number, op,
+sizes, dtypes, when each was issued, device durations with ``TORCH_NCCL_ENABLE_TIMING``) and each
+group's last enqueued, started and completed collective, on every backend. It is on when
+``TORCH_FR_BUFFER_SIZE`` (or ``TORCH_NCCL_TRACE_BUFFER_SIZE``) is set before the first process group
+is made: :func:`enable_recorder` sets it unless the user did, from the tracer (made at start-up by
+``rankscope run``) and ``rankscope run`` itself.
+
+:class:`CollectiveLog` reads on its own thread once per beat, and each beat takes what it read. Reading the ring costs
+about 10-20 µs per entry it holds (the dump builds every entry), so the ring is kept small
+(``coll_ring``, 128): a read costs at most ~2 ms, and a rank that issues more collectives than that
+between two beats sends the newest ones (sequence numbers show the gap). Never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from rankscope.collective_records import MAX_GROUPS, MAX_OPS, MAX_RECORDS, op_label
+
+log = logging.getLogger("rankscope.collectives")
+
+BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
+
+
+def enable_recorder(env: MutableMapping[str, str], ring: int, timing: bool = True) -> dict[str, str]:
+    """Switch the Flight Recorder on in ``env`` unless the user configured it: a ring of ``ring``
+    entries and, with ``timing``, NCCL's device timing. Returns the variables it set."""
+    out: dict[str, str] = {}
+    if ring > 0 and not any(env.get(k) for k in BUFFER_ENV):
+        out[BUFFER_ENV[0]] = str(ring)
+    if ring > 0 and timing and TIMING_ENV not in env:
+        out[TIMING_ENV] = "1"
+    env.update(out)
+    return out
+
+
+def _dump() -> dict[str, Any] | None:
+    """The recorder's dump (collectives, no stacks), or None when this torch has no recorder."""
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    return pickle.loads(_dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+
+
+def full_dump_json() -> str:
+    """Every entry the recorder holds, with stacks where it has them, as the analyzer's JSON."""
+    from torch._C._distributed_c10d import _dump_fr_trace_json
+
+    return str(_dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+
+
+# The recorder's dtype names (c10 ScalarType) as torch spells them.
+DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
+          "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
+          "Float8_e4m3fn": "float8_e4m3fn", "Float8_e5m2": "float8_e5m2"}
+
+
+def _int(v: Any, default: int = -1) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+class CollectiveLog:
+    """The collectives recorded since the last :meth:`read`, as a beat's ``coll`` field."""
+
+    def __init__(self, world_size: int, dump: Callable[[], dict[str, Any] | None] | None = None,
+                 ready: Callable[[], bool] | None = None) -> None:
+        self.world_size = world_size
+        self._dump = dump or _dump
+        self._ready = ready or _process_group_ready
+        self._last_record = -1
+        self.off_reason = ""        # why nothing is read ("" while reading)
+        self.gaps = 0               # collectives that left the ring before they were read
+        self._pending: list[dict[str, Any]] | None = None
+        self._lock = threading.Lock()
+
+    def collect(self) -> None:
+        """Read the recorder and keep what is new for :meth:`take`. Called on its own thread: a dump
+        waits for the recorder's and process groups' locks, and a process group failing under it
+        (a peer gone) must not hold up the heartbeats or the exit record."""
+        batch = self.read()
+        if batch:
+            with self._lock:
+                self._pending = batch if self._pending is None else merge(self._pending, batch)
+
+    def take(self) -> list[dict[str, Any]] | None:
+        """What :meth:`collect` kept since the last call (the beat's ``coll`` field); never blocks
+        for longer than a merge."""
+        with self._lock:
+            out, self._pending = self._pending, None
+        return out
+
+    def read(self) -> list[dict[str, Any]] | None:
+        """The groups' new collectives and states; None when there is nothing to send. Never raises."""
+        if self.off_reason:
+            return None
+        try:
+            if not self._ready():
+                return None
+            dump = self._dump()
+        except Exception as e:
+            self._off(f"{type(e).__name__}: {e}")
+            return None
+        if dump is None:
+            self._off("this torch has no Flight Recorder")
+            return None
+        try:
+            return self._groups(dump)
+        except Exception as e:   # a recorder of another shape: off, said once
+            self._off(f"unreadable Flight Recorder dump: {type(e).__name__}: {e}")
+            return None
+
+    def turn_off(self, why: str) -> None:
+        self._off(why)
+
+    def _off(self, why: str) -> None:
+        self.off_reason = why
+        log.info("rankscope: collective records off (%s); slow ranks and hangs are judged from host-side "
+                 "step times and stacks only", why)
+
+    def _groups(self, dump: dict[str, Any]) -> list[dict[str, Any]] | None:
+        entries = dump.get("entries") or []
+        if not entries and not any(os.environ.get(k) for k in BUFFER_ENV):
+            self._off(f"{BUFFER_ENV[0]} was not set before the process group was made")
+            return None
+        status = dump.get("pg_status") or {}
+        groups: dict[str, dict[str, Any]] = {}
+        newest = self._last_record
+        first_new = None
+        for e in entries:
+            rid = _int(e.get("record_id"))
+            if rid <= self._last_record or e.get("is_p2p"):
+                newest = max(newest, rid)
+                continue
+            newest = max(newest, rid)
+            first_new = rid if first_new is None else min(first_new, rid)
+            pg = e.get("process_group") or ("", "")
+            name, desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
+            g = groups.get(name)
+            if g is None:
+                if len(groups) >= MAX_GROUPS:
+                    continue
+                g = groups[name] = {"pg": name, "size": self.world_size if desc == "default_pg" else 0,
+                                    "seq": [], "op": [], "reach_ns": [], "dur_ns": [], "ops": [],
+                                    "last": _last(status.get(name)), "_ops": {}}
+            dtypes = [DTYPES.get(str(d), str(d)) for d in e.get("input_dtypes") or []]
+            label = op_label(e.get("profiling_name", ""), e.get("input_sizes"), dtypes)
+            idx = g["_ops"].get(label)
+            if idx is None:
+                if len(g["ops"]) >= MAX_OPS:
+                    continue
+                idx = g["_ops"][label] = len(g["ops"])
+                g["ops"].append(label)
+            dur = e.get("duration_ms")
+            g["seq"].append(_int(e.get("collective_seq_id")))
+            g["op"].append(idx)
+            g["reach_ns"].append(_int(e.get("time_created_ns"), 0))
+            g["dur_ns"].append(int(float(dur) * 1e6) if isinstance(dur, (int, float)) and dur >= 0 else -1)
+        if first_new is not None and self._last_record >= 0 and first_new > self._last_record + 1:
+            self.gaps += first_new - self._last_record - 1
+        self._last_record = newest
+        for name, st in status.items():   # groups with no new collective still report their state
+            if name not in groups and len(groups) < MAX_GROUPS:
+                groups[name] = {"pg": str(name), "size": 0, "seq": [], "op": [], "reach_ns": [], "dur_ns": [],
+                                "ops": [], "last": _last(st), "_ops": {}}
+        out = []
+        for g in groups.values():
+            del g["_ops"]
+            if len(g["seq"]) > MAX_RECORDS:
+                for c in ("seq", "op", "reach_ns", "dur_ns"):
+                    g[c] = g[c][-MAX_RECORDS:]
+            out.append(g)
+        return out or None
+
+
+def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Two reads' groups as one: each group's collectives in order (the newest MAX_RECORDS), its
+    newest state."""
+    by_pg = {g["pg"]: g for g in old}
+    for g in new:
+        cur = by_pg.get(g["pg"])
+        if cur is None:
+            if len(by_pg) < MAX_GROUPS:
+                by_pg[g["pg"]] = g
+            continue
+        index = {label: i for i, label in enumerate(cur["ops"])}
+        for seq, op, reach, dur in zip(g["seq"], g["op"], g["reach_ns"], g["dur_ns"], strict=True):
+            label = g["ops"][op]
+            if label not in index:
+                if len(cur["ops"]) >= MAX_OPS:
+                    continue
+                index[label] = len(cur["ops"])
+                cur["ops"].append(label)
+            cur["seq"].append(seq)
+            cur["op"].append(index[label])
+            cur["reach_ns"].append(reach)
+            cur["dur_ns"].append(dur)
+        for c in ("seq", "op", "reach_ns", "dur_ns"):
+            cur[c] = cur[c][-MAX_RECORDS:]
+        cur["last"], cur["size"] = g["last"], max(cur["size"], g["size"])
+    return list(by_pg.values())
+
+
+def _last(st: Any) -> list[int]:
+    if not isinstance(st, dict):
+        return [-1, -1, -1]
+    return [_int(st.get("last_enqueued_collective")), _int(st.get("last_started_collective")),
+            _int(st.get("last_completed_collective"))]
+
+
+def _process_group_ready() -> bool:
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
