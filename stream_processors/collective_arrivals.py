@@ -211,8 +211,7 @@ class CollectiveLedger:
     def complete(self, shards: list[int]) -> list[Step]:
         """Close, oldest first, the collectives every one of ``shards`` (those holding the group's
         live ranks) has passed and sent a row for; return the ones closed now."""
-        shards = [sh for sh in shards if sh in self.passed]
-        if not shards:
+        if not shards or any(sh not in self.passed for sh in shards):
             return []
         upto = min(self.passed[sh] for sh in shards)
         out = []

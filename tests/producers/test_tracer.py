@@ -52,7 +52,8 @@ def test_steps_travel_in_beats_keyed_by_rank_and_exit_is_sent():
     assert steps[-1].body["hb_step"] == 4 and steps[-1].body["world_size"] == 4
     assert set(t.keys()) == {b"job1/2"}
     assert sum(len(m.body["step"]) for m in steps) == 5
-    assert steps[0].body["step"][:2] == [0, 1]
+    assert steps[0].body["step"] == [] and steps[0].body["hb_step"] == -1   # sent at start: the rank exists
+    assert [s for m in steps for s in m.body["step"]][:2] == [0, 1]
     assert all(abs(e - s - 10_000_000) < 1000 for m in steps for s, e in zip(m.body["start_ns"], m.body["end_ns"], strict=True))
     assert msgs[-1].kind == "exit" and msgs[-1].body["reason"] == "completed" and msgs[-1].body["step"] == 4
     assert [m.seq for m in msgs] == sorted({m.seq for m in msgs})
