@@ -116,12 +116,12 @@ def main() -> int:
         odd_shape = rank == args.mismatch_rank and step == args.mismatch_at_step
 
         def device_step(x: torch.Tensor = x, done: float = done, stop_here: bool = stop_here,
-                        odd_shape: bool = odd_shape) -> None:
+                        odd_shape: bool = odd_shape, at: int = step) -> None:
             y = x
             for _ in range(reps):
                 y = torch.tanh(y @ weight.detach())
             if stop_here:
-                print(f"rank {rank}: device stopped at step {step}", file=sys.stderr, flush=True)
+                print(f"rank {rank}: device stopped at step {at}", file=sys.stderr, flush=True)
                 while True:    # a kernel that never finishes
                     time.sleep(0.2)
             grad[:-1] = y.reshape(-1)
