@@ -25,6 +25,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from typing import Any
 
@@ -33,7 +34,9 @@ import torch.distributed as dist
 
 from benchmarks.window_job import _cpu_s
 from rankscope import Tracer
+from rankscope.config import Settings
 from rankscope.demo.train import ddp_mlp
+from rankscope.producers.collective_log import enable_recorder
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,9 +66,26 @@ def _threads_cpu_s(tids: set[int]) -> float:
     return total / 1e9
 
 
+def _last_seq() -> int:
+    """The default group's last enqueued collective, from the recorder (0 without one)."""
+    import pickle
+
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    try:
+        status = pickle.loads(_dump_fr_trace(includeCollectives=False, includeStackTraces=False,
+                                             onlyActive=True)).get("pg_status", {})
+        return int(status.get("0", {}).get("last_enqueued_collective", 0))
+    except Exception:
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
+    # The tracers come after the process group, so the recorder is switched on here, as a tracer made
+    # first (or `rankscope run`) does: the "on" blocks then read it, as ranks do.
+    enable_recorder(os.environ, Settings.from_env().coll_ring)
     dist.init_process_group("gloo")
     out = measure(args)
     if dist.get_rank() == 0:
@@ -99,6 +119,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     threads_after_close = 0
     own_last: set[int] = set()
     tracer_threads_cpu: list[float] = []     # per "on" block: CPU s per step of the tracer's threads
+    reader_cpu: list[float] = []             # ... of which its Flight Recorder reader thread
+    collectives: list[float] = []            # collectives recorded per step
     for k in range(args.repeats):
         for mode in (("on", "off") if k % 2 == 0 else ("off", "on")):
             gc.collect()
@@ -111,7 +133,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 for _ in range(args.warmup_steps):
                     train_step(tracer)
                 own = _thread_ids() - before
-            own0 = _threads_cpu_s(own)
+            reader = {t.native_id for t in threading.enumerate() if t.name == "rankscope-collectives" and t.native_id}
+            own0, reader0 = _threads_cpu_s(own), _threads_cpu_s(reader)
+            seq0 = _last_seq()
             b0, c0, t0 = _cpu_s(args.broker_pid), time.process_time(), time.perf_counter()
             for _ in range(args.steps):
                 train_step(tracer)
@@ -119,6 +143,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             if own:
                 own_last = own
                 tracer_threads_cpu.append((_threads_cpu_s(own) - own0) / args.steps)
+                reader_cpu.append((_threads_cpu_s(reader) - reader0) / args.steps)
+                collectives.append((_last_seq() - seq0) / args.steps)
             wall[mode].append((t1 - t0) / args.steps)
             cpu[mode].append((c1 - c0) / args.steps)
             broker[mode].append((b1 - b0) / args.steps)
@@ -135,6 +161,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "overhead_ratio_of_medians": med["on"] / med["off"],
         "cpu_per_step_s": {m: statistics.median(v) for m, v in cpu.items()},
         "tracer_threads": len(own_last), "tracer_threads_cpu_per_step_s": statistics.fmean(tracer_threads_cpu),
+        "fr_reader_cpu_per_step_s": statistics.fmean(reader_cpu), "collectives_per_step": statistics.fmean(collectives),
         "broker_cpu_per_step_s": {m: statistics.fmean(v) for m, v in broker.items()} if args.broker_pid else None,
         "threads_before": threads_before, "threads_after_close": threads_after_close}
 

@@ -1,20 +1,29 @@
-"""Detection latency and precision on real 4-rank torchrun jobs (gloo, CPU), one broker and processors worker.
+"""Fault injection: every planted fault, on CPU and on a modelled GPU, several times; recall,
+precision and time to alert per fault.
 
-- slow + hang (REPEATS times): rank 1 does 4x the compute from step 0 and rank 3 hangs at step
-  HANG_AT: hang alert after the hanging rank's last step, slow-rank alert after rank 1's first step;
-- onset: rank 2 does 1.5x the compute from step ONSET_STEP: slow-rank alert after that step began;
-- crash: rank 2 raises at step FAIL_AT while its peers wait in all_reduce: rank_failed alert after
-  its exit record was sent;
-- DDP straggler under ``rankscope run``: the unmodified DDP script of the tests
-  (tests/integration/scripts/plain_ddp.py, no Tracer, no ``watch_ddp``), rank 1 running its forward
-  pass 4 times: slow-rank alert after rank 1's first step;
-- healthy: at least HEALTHY_STEPS steps and HEALTHY_MIN_S seconds of identical work to completion:
-  every alert of the job is false.
-Times are the alert's ``opened_ns`` against the ranks' own step times (from the steps topic).
+Each run is a real 4-rank torchrun job under ``rankscope run`` (unmodified scripts, no Tracer),
+against one local broker and processors worker:
+- CPU: tests/integration/scripts/plain_ddp.py, gloo DDP; collectives block the training thread;
+- modelled GPU: tests/integration/scripts/modelled_gpu.py; each rank's device work and its
+  all-reduces run on a stream thread and the training thread syncs once per step, as with NCCL.
+
+A run ends when an alert of an expected kind names exactly the planted ranks (a hit), or after
+``DEADLINE_S``. An alert is *correct* when its kind is one the fault explains (a SIGKILLed rank may
+be named by ``rank_failed``, ``dead_rank`` or the hang its peers are in) and it names exactly the
+planted ranks; every other opened alert is *false*. Recall = hits / runs; precision = correct /
+all opened alerts; time to alert = the hit's ``opened_ns`` minus the fault's start, from the ranks'
+own records: the job's first step (a slow rank from the start), the slow rank's first slow step
+(from mid-run), the culprit's last step end (hangs), its exit record (a raised exception), its last
+message (SIGKILL), the start of the mismatched step. Healthy runs (>= 1,500 steps and 30 s) count
+false alerts only.
+
+``python -m benchmarks.detection [--repeats 3] [--platforms cpu,gpu] [--faults slow_compute,...]``
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import signal
 import statistics
@@ -23,35 +32,80 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgpack
 from confluent_kafka import Consumer
 
-from benchmarks._stack import env_for, free_port, local_stack, torchrun
+from benchmarks._stack import env_for, free_port, local_stack
 from rankscope.alerts import Alert
 from rankscope.topics import Topic
 
-HANG_AT = 800           # after the slow-rank rule's horizon (straggler_min_s) has passed
-REPEATS = 2
-ONSET_STEP = 500
-FAIL_AT = 300
-HEALTHY_STEPS = 1500    # the job goes on past these until HEALTHY_MIN_S have passed
-HEALTHY_MIN_S = 30
-PLAIN_DDP = Path(__file__).resolve().parents[1] / "tests" / "integration" / "scripts" / "plain_ddp.py"
+SCRIPTS = Path(__file__).resolve().parents[1] / "tests" / "integration" / "scripts"
+REPEATS = 3
+DEADLINE_S = 240.0
+ONSET = 400            # a slow rank from mid-run: its first slow step
+AT = 300               # other faults: the step they happen at
+KILL_AT = 50
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    args: tuple[str, ...]
+    ranks: tuple[int, ...]           # the ranks an alert must name
+    kinds: frozenset[str]            # the alert kinds that explain the fault
+    start: str                       # what the time to alert is measured from (Watch.start_ns)
+    rank: int = -1                   # the rank whose records give the start
+
+
+SLOW = frozenset({"slow_rank", "abnormal_worker"})
+FAULTS: dict[str, dict[str, Fault]] = {
+    "cpu": {f.name: f for f in [
+        Fault("slow_compute", ("--slow-rank", "1", "--slow-factor", "4"), (1,), SLOW, "first_step"),
+        Fault("slow_data", ("--slow-data-rank", "2", "--slow-data-s", "0.03"), (2,), SLOW, "first_step"),
+        Fault("slow_from_mid_run", ("--slow-rank", "1", "--slow-factor", "3", "--slow-from-step", str(ONSET)), (1,),
+              SLOW, "step", 1),
+        Fault("host_hang", ("--hang-rank", "2", "--hang-at-index", str(32 * AT)), (2,), frozenset({"hang"}),
+              "last_step", 2),
+        Fault("exception", ("--crash-rank", "1", "--crash-at-step", str(AT)), (1,),
+              frozenset({"rank_failed", "hang"}), "exit", 1),
+        Fault("sigkill", ("--kill-rank", "3", "--kill-at-step", str(KILL_AT)), (3,),
+              frozenset({"rank_failed", "dead_rank", "hang"}), "last_message", 3),
+    ]},
+    "gpu": {f.name: f for f in [
+        Fault("slow_device", ("--slow-device-rank", "2", "--slow-factor", "4"), (2,), SLOW, "first_step"),
+        Fault("slow_data", ("--slow-data-rank", "1", "--slow-data-s", "0.03"), (1,), SLOW, "first_step"),
+        Fault("slow_from_mid_run", ("--slow-device-rank", "2", "--slow-factor", "3", "--slow-from-step", str(ONSET)),
+              (2,), SLOW, "step", 2),
+        Fault("device_hang", ("--stop-device-rank", "1", "--stop-at-step", str(AT)), (1,), frozenset({"hang"}),
+              "last_step", 1),
+        Fault("host_hang", ("--hang-rank", "3", "--hang-at-step", str(AT)), (3,), frozenset({"hang"}),
+              "last_step", 3),
+        Fault("mismatch", ("--mismatch-rank", "3", "--mismatch-at-step", str(AT)), (3,),
+              frozenset({"collective_mismatch"}), "step", 3),
+        Fault("exception", ("--crash-rank", "1", "--crash-at-step", str(AT)), (1,),
+              frozenset({"rank_failed", "hang"}), "exit", 1),
+        Fault("sigkill", ("--kill-rank", "3", "--kill-at-step", str(KILL_AT)), (3,),
+              frozenset({"rank_failed", "dead_rank", "hang"}), "last_message", 3),
+    ]},
+}
+HEALTHY = Fault("healthy", ("--steps", "1501", "--min-seconds", "31"), (), frozenset(), "")
+SCRIPT = {"cpu": SCRIPTS / "plain_ddp.py", "gpu": SCRIPTS / "modelled_gpu.py"}
 
 
 class Watch:
-    """The alerts and step records of one job, read as they come."""
+    """The alerts and the ranks' records of one job, read as they come."""
 
     def __init__(self, job: str, alerts: Any, steps: Any) -> None:
         self.job, self.alerts_c, self.steps_c = job, alerts, steps
         self.alerts: list[Alert] = []
-        self.start_ns: dict[tuple[int, int], int] = {}
+        self.step_start_ns: dict[tuple[int, int], int] = {}
         self.last_end_ns: dict[int, int] = {}
+        self.last_sent_ns: dict[int, int] = {}
         self.exit_ns: dict[int, int] = {}
-        self.step_ns: list[int] = []
 
     def poll(self) -> None:
         for msg in self.alerts_c.consume(100, 0.2):
@@ -63,132 +117,92 @@ class Watch:
             if msg.error():
                 continue
             m = msgpack.unpackb(msg.value())
-            if m["job"] == self.job and m["kind"] == "exit":
-                self.exit_ns.setdefault(m["rank"], m["sent_ns"])
-            if m["job"] != self.job or m["kind"] not in ("steps", "beat") or not m["body"]["step"]:
+            if m.get("job") != self.job:
                 continue
-            b = m["body"]
-            for s, a, e in zip(b["step"], b["start_ns"], b["end_ns"], strict=True):
-                self.start_ns.setdefault((m["rank"], s), a)
-                self.step_ns.append(e - a)
-            self.last_end_ns[m["rank"]] = max(self.last_end_ns.get(m["rank"], 0), max(b["end_ns"]))
+            r = m["rank"]
+            self.last_sent_ns[r] = max(self.last_sent_ns.get(r, 0), m["sent_ns"])
+            if m["kind"] == "exit":
+                self.exit_ns.setdefault(r, m["sent_ns"])
+            if m["kind"] in ("steps", "beat") and m["body"]["step"]:
+                b = m["body"]
+                for s, a in zip(b["step"], b["start_ns"], strict=True):
+                    self.step_start_ns.setdefault((r, s), a)
+                self.last_end_ns[r] = max(self.last_end_ns.get(r, 0), max(b["end_ns"]))
 
-    def first(self, kind: str, min_step: int = -1) -> Alert | None:
-        return next((a for a in self.alerts if a.kind == kind and a.status == "open" and a.step >= min_step), None)
+    def opened(self) -> list[Alert]:
+        first: dict[str, Alert] = {}
+        for a in self.alerts:
+            first.setdefault(a.alert_id, a)
+        return [a for a in first.values() if a.status == "open"]
 
     def until(self, done: Callable[[], bool], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not done():
             self.poll()
 
+    def start_ns(self, fault: Fault) -> int | None:
+        if fault.start == "first_step":
+            return min(self.step_start_ns.values(), default=None)
+        if fault.start == "step":
+            step = ONSET if fault.name == "slow_from_mid_run" else AT
+            return self.step_start_ns.get((fault.rank, step))
+        if fault.start == "last_step":
+            return self.last_end_ns.get(fault.rank)
+        if fault.start == "exit":
+            return self.exit_ns.get(fault.rank)
+        if fault.start == "last_message":
+            return self.last_sent_ns.get(fault.rank)
+        return None
 
-def _stop(proc: Any) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(60)
+
+def correct(fault: Fault, a: Alert) -> bool:
+    return a.kind in fault.kinds and tuple(sorted(a.ranks)) == fault.ranks
 
 
-def _slow_and_hang(settings: Any, alerts: Any, steps: Any) -> dict[str, float]:
-    job = f"bench-{uuid.uuid4().hex[:6]}"
+def _run_job(settings: Any, platform: str, fault: Fault, alerts: Any, steps: Any) -> dict[str, Any]:
+    job = f"bench-{platform}-{fault.name}-{uuid.uuid4().hex[:6]}"
     w = Watch(job, alerts, steps)
-    proc = torchrun(settings, job, "--steps", "100000", "--slow-rank", "1", "--hang-rank", "3",
-                    "--hang-at-step", str(HANG_AT))
-    try:
-        w.until(lambda: w.first("slow_rank") is not None and w.first("hang", HANG_AT - 1) is not None
-                and (1, 0) in w.start_ns and (3, HANG_AT - 1) in w.start_ns, 300)
-    finally:
-        _stop(proc)
-    slow, hang = w.first("slow_rank"), w.first("hang", HANG_AT - 1)
-    if slow is None or hang is None or (1, 0) not in w.start_ns:
-        raise RuntimeError(f"alerts or steps missing for {job}: slow={slow} hang={hang}")
-    return {"hang_alert_after_last_step_s": (hang.opened_ns - w.last_end_ns[3]) / 1e9,
-            "slow_alert_after_first_step_s": (slow.opened_ns - w.start_ns[(1, 0)]) / 1e9,
-            "slow_alert_at_step": float(slow.step),
-            "median_step_ms": statistics.median(w.step_ns) / 1e6,
-            # hang alerts before the planted one (e.g. every rank stalled while the slow-rank alert's
-            # trace window started its profiler)
-            "other_hang_alerts": float(sum(1 for a in w.alerts if a.kind == "hang" and a.status == "open"
-                                           and a.alert_id != hang.alert_id)),
-            "hang_threshold_s": float(hang.details["threshold_s"])}
-
-
-def _onset(settings: Any, alerts: Any, steps: Any) -> dict[str, float]:
-    job = f"bench-onset-{uuid.uuid4().hex[:6]}"
-    w = Watch(job, alerts, steps)
-    proc = torchrun(settings, job, "--steps", "100000", "--slow-rank", "2", "--slow-factor", "1.5",
-                    "--slow-from-step", str(ONSET_STEP))
-    try:
-        w.until(lambda: w.first("slow_rank") is not None and (2, ONSET_STEP) in w.start_ns, 300)
-    finally:
-        _stop(proc)
-    slow = w.first("slow_rank")
-    if slow is None or (2, ONSET_STEP) not in w.start_ns:
-        raise RuntimeError(f"no slow-rank alert or onset step for {job}")
-    return {"onset_slow_alert_after_onset_s": (slow.opened_ns - w.start_ns[(2, ONSET_STEP)]) / 1e9,
-            "onset_slow_alert_rank_ok": float(slow.ranks == [2]),
-            "onset_alerts_before_onset": float(sum(1 for a in w.alerts if a.status == "open"
-                                                   and a.opened_ns < w.start_ns[(2, ONSET_STEP)]))}
-
-
-def _crash(settings: Any, alerts: Any, steps: Any) -> dict[str, float]:
-    job = f"bench-crash-{uuid.uuid4().hex[:6]}"
-    w = Watch(job, alerts, steps)
-    proc = torchrun(settings, job, "--steps", "100000", "--fail-rank", "2", "--fail-at-step", str(FAIL_AT))
-    try:
-        w.until(lambda: w.first("rank_failed") is not None and 2 in w.exit_ns, 300)
-    finally:
-        _stop(proc)
-    failed = w.first("rank_failed")
-    if failed is None or 2 not in w.exit_ns:
-        raise RuntimeError(f"no rank_failed alert or exit record of rank 2 for {job}")
-    return {"crash_alert_after_exception_s": (failed.opened_ns - w.exit_ns[2]) / 1e9,
-            "crash_alert_rank_and_step_ok": float(failed.ranks == [2] and failed.step == FAIL_AT),
-            "crash_alerts_naming_a_follower": float(sum(1 for a in w.alerts if a.kind == "rank_failed"
-                                                        and a.ranks != [2]))}
-
-
-def _ddp_attach(settings: Any, alerts: Any, steps: Any) -> dict[str, float]:
-    job = f"bench-attach-{uuid.uuid4().hex[:6]}"
-    w = Watch(job, alerts, steps)
+    extra = () if fault is HEALTHY else ("--steps", "100000")
     cmd = [sys.executable, "-m", "rankscope", "run", "--job-id", job, "--", sys.executable, "-m",
            "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1", "--master-port",
-           str(free_port()), str(PLAIN_DDP), "--steps", "100000", "--slow-rank", "1", "--slow-factor", "4"]
+           str(free_port()), str(SCRIPT[platform]), *extra, *fault.args]
     proc = subprocess.Popen(cmd, env=env_for(settings), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             start_new_session=True)
-
-    def first_step(rank: int) -> int | None:
-        return min((a for (r, _), a in w.start_ns.items() if r == rank), default=None)
-
     try:
-        w.until(lambda: w.first("slow_rank") is not None and first_step(1) is not None, 300)
+        if fault is HEALTHY:
+            w.until(lambda: proc.poll() is not None, 900)
+            end = time.monotonic() + 10 * settings.scan_interval_s + 5   # the scans after the last exit record
+            w.until(lambda: time.monotonic() > end, 60)
+        else:
+            w.until(lambda: any(correct(fault, a) for a in w.opened()) and w.start_ns(fault) is not None, DEADLINE_S)
+            w.until(lambda: False, 3 * settings.scan_interval_s)          # alerts opened right after the hit
     finally:
-        _stop(proc)
-    slow, start = w.first("slow_rank"), first_step(1)
-    if slow is None or start is None:
-        raise RuntimeError(f"no slow-rank alert or steps of rank 1 for {job}")
-    return {"ddp_attach_slow_alert_after_first_step_s": (slow.opened_ns - start) / 1e9,
-            "ddp_attach_slow_alert_rank_ok": float(slow.ranks == [1]),
-            "ddp_attach_slow_alert_at_step": float(slow.step)}
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    opened = w.opened()
+    hit = next((a for a in opened if correct(fault, a)), None)
+    start = w.start_ns(fault)
+    return {"job": job, "hit": hit is not None,
+            "time_to_alert_s": round((hit.opened_ns - start) / 1e9, 2) if hit is not None and start else None,
+            "correct_alerts": sum(1 for a in opened if correct(fault, a)),
+            "false_alerts": [f"{a.kind} {a.ranks}: {a.summary[:160]}" for a in opened if not correct(fault, a)]}
 
 
-def _healthy(settings: Any, alerts: Any, steps: Any, scan_s: float) -> dict[str, float]:
-    job = f"bench-healthy-{uuid.uuid4().hex[:6]}"
-    w = Watch(job, alerts, steps)
-    proc = torchrun(settings, job, "--steps", str(HEALTHY_STEPS), "--min-seconds", str(HEALTHY_MIN_S))
-    try:
-        w.until(lambda: proc.poll() is not None, 900)
-    finally:
-        _stop(proc)
-    end = time.monotonic() + 10 * scan_s + 5     # the processors' scans after the last exit record
-    w.until(lambda: time.monotonic() > end, 60)
-    first = min((a for (r, s), a in w.start_ns.items() if s == 0), default=0)
-    last = max(w.last_end_ns.values(), default=0)
-    return {"healthy_false_alerts": float(sum(1 for a in w.alerts if a.status == "open")),
-            "healthy_steps": float(max((s for _, s in w.start_ns), default=-1) + 1),
-            "healthy_job_s": (last - first) / 1e9, "healthy_exit_code": float(proc.returncode)}
+def summarize(platform: str, fault: Fault, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    times = [r["time_to_alert_s"] for r in runs if r["time_to_alert_s"] is not None]
+    n_correct = sum(r["correct_alerts"] for r in runs)
+    n_false = sum(len(r["false_alerts"]) for r in runs)
+    return {"platform": platform, "fault": fault.name, "runs": len(runs),
+            "recall": None if fault is HEALTHY else round(sum(r["hit"] for r in runs) / len(runs), 3),
+            "precision": round(n_correct / (n_correct + n_false), 3) if n_correct + n_false else None,
+            "false_alerts": n_false,
+            "time_to_alert_median_s": round(statistics.median(times), 2) if times else None,
+            "time_to_alert_max_s": max(times) if times else None}
 
 
-def run() -> dict[str, Any]:
+def run(repeats: int = REPEATS, platforms: tuple[str, ...] = ("cpu", "gpu"), faults: tuple[str, ...] = ()) -> dict[str, Any]:
+    rows, detail = [], {}
     with local_stack() as settings:
         def consumer(topic: Topic) -> Consumer:
             c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
@@ -197,28 +211,55 @@ def run() -> dict[str, Any]:
             return c
 
         alerts, steps = consumer(Topic.ALERTS), consumer(Topic.STEPS)
-        runs = [_slow_and_hang(settings, alerts, steps) for _ in range(REPEATS)]
-        onset = _onset(settings, alerts, steps)
-        crash = _crash(settings, alerts, steps)
-        ddp_attach = _ddp_attach(settings, alerts, steps)
-        healthy = _healthy(settings, alerts, steps, settings.scan_interval_s)
+        for platform in platforms:
+            planted = [f for name, f in FAULTS[platform].items() if not faults or name in faults]
+            for fault in planted + ([HEALTHY] if not faults or "healthy" in faults else []):
+                runs = [_run_job(settings, platform, fault, alerts, steps) for _ in range(repeats)]
+                rows.append(summarize(platform, fault, runs))
+                detail[f"{platform}/{fault.name}"] = runs
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         alerts.close()
         steps.close()
-    metrics: dict[str, float] = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
-    metrics.update({k: round(v, 3) for k, v in {**onset, **crash, **ddp_attach, **healthy}.items()})
-    return {"name": "detection", "runs": runs, "onset": onset, "crash": crash, "ddp_attach": ddp_attach,
-            "healthy": healthy, "metrics": metrics,
-            "settings": {"hang_min_s": settings.hang_min_s, "hang_factor": settings.hang_factor,
-                         "straggler_persist": settings.straggler_persist, "straggler_min_s": settings.straggler_min_s,
-                         "straggler_min_slow_steps": settings.straggler_min_slow_steps,
-                         "straggler_cost_gate": settings.straggler_cost_gate, "scan_interval_s": settings.scan_interval_s},
-            "targets": {"hang_alert_after_last_step_s": "hang_min_s + scan (~11 s at defaults)",
-                        "slow_alert_after_first_step_s": "<= 30 s",
-                        "onset_slow_alert_after_onset_s": "<= 30 s",
-                        "onset_alerts_before_onset": "0",
-                        "crash_alert_after_exception_s": "grace (3 s) + one scan",
-                        "crash_alerts_naming_a_follower": "0",
-                        "ddp_attach_slow_alert_after_first_step_s": "<= 30 s",
-                        "other_hang_alerts": "0",
-                        "healthy_false_alerts": "0",
-                        "healthy_steps": ">= 1,500", "healthy_job_s": ">= 30 s"}}
+    metrics = {f"{r['platform']}_{r['fault']}_{k}": r[k] for r in rows
+               for k in ("recall", "precision", "time_to_alert_median_s") if r[k] is not None}
+    metrics["false_alerts_total"] = sum(r["false_alerts"] for r in rows)
+    return {"name": "detection", "table": rows, "runs": detail, "metrics": metrics, "repeats": repeats,
+            "settings": {"hang_min_s": settings.hang_min_s, "straggler_min_s": settings.straggler_min_s,
+                         "straggler_cost_gate": settings.straggler_cost_gate, "dead_after_s": settings.dead_after_s},
+            "targets": {"recall": "1.0 for every fault", "precision": "1.0", "healthy false alerts": "0",
+                        "slow ranks": "<= 30 s", "hangs": "hang_min_s + a scan"}}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The result as the table in docs/benchmarks.md."""
+    lines = ["| platform | fault | runs | recall | precision | false alerts | time to alert median / max |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["table"]:
+        t = (f"{r['time_to_alert_median_s']:.1f} / {r['time_to_alert_max_s']:.1f} s"
+             if r["time_to_alert_median_s"] is not None else "-")
+        lines.append(f"| {'CPU (gloo DDP)' if r['platform'] == 'cpu' else 'modelled GPU'} | {r['fault']} | {r['runs']} "
+                     f"| {'-' if r['recall'] is None else r['recall']} | {'-' if r['precision'] is None else r['precision']} "
+                     f"| {r['false_alerts']} | {t} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.detection", description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=REPEATS)
+    p.add_argument("--platforms", default="cpu,gpu")
+    p.add_argument("--faults", default="", help="comma-separated fault names (default: all, and healthy)")
+    p.add_argument("--output", default="benchmarks/results/detection.json")
+    args = p.parse_args(argv)
+    platforms = tuple(x for x in args.platforms.split(",") if x)
+    bad = [x for x in platforms if x not in FAULTS]
+    if args.repeats < 1 or bad:
+        p.error(f"--repeats must be >= 1 and --platforms a subset of cpu,gpu (got {args.repeats}, {bad})")
+    result = run(args.repeats, platforms, tuple(x for x in args.faults.split(",") if x))
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(result, indent=1))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

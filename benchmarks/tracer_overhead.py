@@ -12,6 +12,10 @@ cores) would hide a 0.5% target entirely. Reported:
   librdkafka's, from per-thread CPU clocks) per step, as a share of the step: what the rank pays in
   the background, precise to the ns whatever the noise;
 - ``step_call_share_of_step``: what the training thread pays, one ``tracer.step()`` call per step;
+- ``fr_reader_cpu_share_of_step``: of the tracer's threads, the one that reads PyTorch's Flight
+  Recorder, per step; ``fr_record_share_of_step``: what recording costs the thread that issues the
+  collectives (a 1-rank gloo all-reduce with and without the recorder, in separate processes, times
+  the job's collectives per step);
 - ``broker_cpu_share_of_step``: the co-located broker's CPU per step for the tracer's messages (in
   production on other machines).
 """
@@ -57,6 +61,41 @@ def step_call_cost_us(n: int = 200_000) -> float:
     return dt / n * 1e6
 
 
+RECORDER_JOB = """
+import os, sys, time, statistics, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % int(sys.argv[1]), rank=0, world_size=1)
+t = torch.ones(1024)
+blocks = []
+for _ in range(7):
+    t0 = time.thread_time_ns()
+    for _ in range(2000):
+        dist.all_reduce(t)
+    blocks.append((time.thread_time_ns() - t0) / 2000)
+print(statistics.median(blocks[1:]))
+dist.destroy_process_group()
+"""
+
+
+def recorder_cost_us(ring: int) -> tuple[float, float]:
+    """The calling thread's CPU per gloo all-reduce (1 rank, 4 KB) without and with the Flight
+    Recorder's ring of ``ring`` entries, in µs: what recording costs the thread that issues a
+    collective, median of 6 blocks of 2,000 in separate processes."""
+    import os
+    import subprocess
+
+    from benchmarks._stack import free_port
+
+    out = []
+    for size in (0, ring):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FR", "TORCH_NCCL_TRACE"))}
+        if size:
+            env["TORCH_FR_BUFFER_SIZE"] = str(size)
+        res = subprocess.run([sys.executable, "-c", RECORDER_JOB, str(free_port())], env=env, capture_output=True,
+                             text=True, timeout=300, check=True)
+        out.append(float(res.stdout.strip().splitlines()[-1]) / 1e3)
+    return out[0], out[1]
+
+
 def _always_on_job(settings: Any, tries: int = 3) -> tuple[dict[str, Any], list[str]]:
     """The job's result after up to ``tries`` runs; failures are returned (and printed), not hidden."""
     from rankscope.broker import LocalBroker
@@ -83,6 +122,10 @@ def run() -> dict[str, Any]:
     step_off = res["median_step_s"]["off"]
     broker = res["broker_cpu_per_step_s"]
     call_us = step_call_cost_us()
+    from rankscope.config import Settings
+
+    bare_us, recorded_us = recorder_cost_us(Settings().coll_ring)
+    record_s = max(0.0, recorded_us - bare_us) / 1e6 * res["collectives_per_step"]
     return {"name": "tracer_overhead", "step_s": res["step_s"],
             "metrics": {"median_step_ms_with_tracer": round(res["median_step_s"]["on"] * 1e3, 3),
                         "median_step_ms_without": round(step_off * 1e3, 3),
@@ -91,6 +134,11 @@ def run() -> dict[str, Any]:
                         "tracer_threads": res["tracer_threads"],
                         "tracer_threads_cpu_us_per_step": round(res["tracer_threads_cpu_per_step_s"] * 1e6, 2),
                         "tracer_threads_cpu_share_of_step": round(res["tracer_threads_cpu_per_step_s"] / step_off, 6),
+                        "fr_reader_cpu_us_per_step": round(res["fr_reader_cpu_per_step_s"] * 1e6, 2),
+                        "fr_reader_cpu_share_of_step": round(res["fr_reader_cpu_per_step_s"] / step_off, 6),
+                        "collectives_per_step": round(res["collectives_per_step"], 2),
+                        "fr_record_us_per_collective": round(recorded_us - bare_us, 3),
+                        "fr_record_share_of_step": round(record_s / step_off, 6),
                         "step_call_us": round(call_us, 3),
                         "step_call_share_of_step": round(call_us / 1e6 / step_off, 6),
                         "broker_cpu_share_of_step": round((broker["on"] - broker["off"]) / step_off, 4),
@@ -99,4 +147,5 @@ def run() -> dict[str, Any]:
                         "job_failures": len(failures)},
             "targets": {"overhead_ratio": "<= 1.005 (includes the co-located broker)",
                         "tracer_threads_cpu_share_of_step": "<= 0.005",
+                        "fr_reader_cpu_share_of_step": "with fr_record_share_of_step <= 0.001",
                         "step_call_share_of_step": "<= 0.005", "threads_left_after_close": "0"}}

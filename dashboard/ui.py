@@ -33,7 +33,8 @@ STATE_BADGE = {
 STATE_COLOUR = {"running": "#e6f4ea", "slow": "#fff1d6", "waiting": "#e3eefc", "hung": "#fde2e1", "dead": "#efe3fb",
                 "exited": "#eeeeee"}
 KIND_TITLE = {"hang": "Hang", "dead_rank": "Dead rank", "slow_rank": "Slow rank",
-              "abnormal_worker": "Abnormal worker (report)", "rank_failed": "Rank failed (crash)"}
+              "abnormal_worker": "Abnormal worker (report)", "rank_failed": "Rank failed (crash)",
+              "collective_mismatch": "Collective mismatch"}
 SEVERITY_BADGE = {"critical": ":red-badge[critical]", "warning": ":orange-badge[warning]",
                   "info": ":blue-badge[info]"}
 EMPTY_FLEET = (
@@ -142,9 +143,29 @@ def state_counts_line(ranks_df: pd.DataFrame) -> str:
     return " · ".join(parts) + f" · {running} running"
 
 
+def render_collectives(alert: pd.Series, table: pd.DataFrame) -> None:
+    """The collective table of an incident: each rank's last enqueued / started / completed collective
+    per process group, from the ranks' Flight Recorder dumps; the culprits' rows are marked."""
+    mine = table[table["alert_id"] == alert["alert_id"]] if not table.empty else table
+    if mine.empty:
+        st.caption("No Flight Recorder dumps stored for this incident yet (every rank sends one when it opens).")
+        return
+    culprits = {int(r) for r in alert["ranks"]}
+    shown = mine.drop(columns=["alert_id"]).assign(culprit=mine["rank"].isin(culprits))
+    st.markdown("**Collectives** (each rank's last per process group, from its Flight Recorder)")
+    st.dataframe(shown.style.apply(lambda row: ["background-color: #fde2e1" if row["culprit"] else ""] * len(row),
+                                   axis=1),
+                 hide_index=True,
+                 column_config={"rank": "Rank", "process_group": "Process group", "last_enqueued": "Last enqueued",
+                                "last_started": "Last started", "last_completed": "Last completed",
+                                "culprit": "Culprit"})
+
+
 def render_alert(alert: pd.Series, groups: pd.DataFrame, rank_state: dict[int, str] | None = None,
-                 lost_s: float | None = None, job_link: bool = False) -> None:
-    """One alert as a bordered card: what, which ranks, since when, its cost, and grouped stacks."""
+                 lost_s: float | None = None, job_link: bool = False,
+                 collectives: pd.DataFrame | None = None) -> None:
+    """One alert as a bordered card: what, which ranks, since when, its cost, the collective table
+    (``collectives``: :func:`~rankscope.dashboard.queries.incident_collectives`) and grouped stacks."""
     culprits = [int(r) for r in alert["ranks"]]
     state = rank_state or {}
     with st.container(border=True):
@@ -169,6 +190,11 @@ def render_alert(alert: pd.Series, groups: pd.DataFrame, rank_state: dict[int, s
         elif alert["kind"] == "abnormal_worker":
             st.markdown(f"**Abnormal worker {rank_list(culprits)}** in a trace window; see the Reports page "
                         "for the functions it runs longer")
+        elif alert["kind"] == "collective_mismatch":
+            st.markdown(f"**Mismatched collective on rank {rank_list(culprits)}**: its peers issued another "
+                        "op, shape or dtype at the same sequence number")
+        if alert["kind"] in ("hang", "collective_mismatch") and collectives is not None:
+            render_collectives(alert, collectives)
         cost = lost_s if lost_s is not None else float(alert["lost_rank_seconds"])
         if cost > 0:
             st.markdown(f"**Lost:** {cost:,.1f} rank-seconds")

@@ -53,13 +53,36 @@ def full_dump_json() -> str:
     """Every entry the recorder holds, with stacks where it has them, as the analyzer's JSON."""
     from torch._C._distributed_c10d import _dump_fr_trace_json
 
-    return str(_dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+    out = _dump_fr_trace_json(includeCollectives=True, onlyActive=False)
+    return out.decode() if isinstance(out, bytes) else str(out)
 
 
 # The recorder's dtype names (c10 ScalarType) as torch spells them.
 DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
           "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
           "Float8_e4m3fn": "float8_e4m3fn", "Float8_e5m2": "float8_e5m2"}
+
+
+MAX_DUMP_CHARS = 800_000   # under Kafka's default 1 MB message limit
+
+
+def bounded_dump(text: str, max_chars: int = MAX_DUMP_CHARS) -> tuple[str, bool]:
+    """A dump's JSON within ``max_chars``: whole, or with its oldest entries left out. Returns
+    ``(json, truncated)``."""
+    import json
+
+    if len(text) <= max_chars:
+        return text, False
+    dump = json.loads(text)
+    entries = dump.get("entries") or []
+    while entries:
+        entries = entries[len(entries) // 4 + 1:]
+        dump["entries"] = entries
+        out = json.dumps(dump)
+        if len(out) <= max_chars:
+            return out, True
+    dump["entries"] = []
+    return json.dumps(dump)[:max_chars], True
 
 
 def _int(v: Any, default: int = -1) -> int:

@@ -36,7 +36,7 @@ from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings, unknown_env
 from rankscope.kafka_client import client_conf
 from rankscope.own_frames import is_own_frame
-from rankscope.producers.collective_log import CollectiveLog, enable_recorder
+from rankscope.producers.collective_log import CollectiveLog, bounded_dump, enable_recorder, full_dump_json
 from rankscope.producers.collectives import CommTimer, install, uninstall
 from rankscope.producers.control import ControlListener
 from rankscope.producers.ddp import DdpWatcher, mark_reducer_wait
@@ -299,7 +299,12 @@ class Tracer:
     def _on_control(self, command: str, request_id: str, args: dict[str, Any], ranks: list[int] | None,
                     sent_ns: int) -> None:
         if command == "flight":
-            self.send_flight_record(request_id, reason=str(args.get("reason", "requested")))
+            reason = str(args.get("reason", "requested"))
+            self.send_flight_record(request_id, reason=reason)
+            if self._collectives is not None and not self._collectives.off_reason:
+                # Dumping waits for the recorder's and process groups' locks: not on the listener's thread.
+                threading.Thread(target=self.send_collective_dump, args=(request_id, reason),
+                                 name="rankscope-fr-dump", daemon=True).start()
         else:
             self.windows.handle(command, request_id, args, ranks, sent_ns)
 
@@ -311,6 +316,18 @@ class Tracer:
                        "reason": reason, "request_id": request_id})
         if request_id:
             self._ack(request_id, "done", f"flight record: {len(steps)} steps")
+
+    def send_collective_dump(self, request_id: str = "", reason: str = "requested") -> None:
+        """Send PyTorch's Flight Recorder dump (every collective the ring holds, as its JSON) on the
+        replies topic (kind ``fr_dump``). Never raises."""
+        try:
+            text = full_dump_json()
+        except Exception as e:
+            log.info("rankscope: no Flight Recorder dump: %s: %s", type(e).__name__, e)
+            return
+        dump, truncated = bounded_dump(text)
+        self._send_to(self._replies_topic, self._key, "fr_dump",
+                      {"request_id": request_id, "reason": reason, "dump": dump, "truncated": truncated})
 
     def _on_window(self, active: bool) -> None:
         sampler = getattr(self, "hw_sampler", None)

@@ -28,7 +28,7 @@ import msgpack
 SCHEMA_VERSION = 2
 SUPPORTED_VERSIONS = frozenset({1, 2})
 # Kinds that exist only from a version on; a v1 envelope carrying one is rejected.
-KIND_SINCE = {"beat": 2, "shard": 2}
+KIND_SINCE = {"beat": 2, "shard": 2, "fr_dump": 2}
 
 
 class WireError(ValueError):
@@ -87,6 +87,8 @@ BODY_SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
     "trace": {"window_id": _STR, "events": (dict,)},
     "summary": {"window_id": _STR, "functions": (dict,)},
     "flight": {"steps": _LIST, "stacks": _OPT_LIST, "reason": _STR},
+    # PyTorch's Flight Recorder dump of a rank (its JSON form), sent with "flight" on a hang or a request.
+    "fr_dump": {"request_id": _STR, "reason": _STR, "dump": _STR, "truncated": (bool,)},
     "stats": {"ranks": _LIST},
 }
 

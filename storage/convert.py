@@ -31,6 +31,7 @@ from rankscope.storage.rows import (
     alert_rows,
     deadletter_row,
     flight_row,
+    fr_dump_row,
     heartbeat_row,
     hw_columns,
     hw_columns_fast,
@@ -47,7 +48,7 @@ from rankscope.topics import Topic
 from rankscope.wire import Envelope, WireError, decode, split_beat
 
 # Kinds the sink stores; other valid kinds on its topics are counted as skipped.
-STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", "summary", "flight"})
+STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", "summary", "flight", "fr_dump"})
 
 
 @dataclass
@@ -249,6 +250,8 @@ class RowBuilder:
             batch.rows += trace_columns(env, batch.table("trace_events"))
         elif kind == "flight":
             self._add_row(batch, "flight_records", flight_row(env))
+        elif kind == "fr_dump":
+            self._add_row(batch, "fr_dumps", fr_dump_row(env))
         elif kind == "summary":
             cols = batch.table("function_summaries")
             before = cols.rows

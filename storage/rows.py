@@ -78,6 +78,20 @@ def flight_row(env: Envelope) -> dict[str, Any]:
             "stacks": "" if stacks is None else json.dumps(stacks, separators=(",", ":"))}
 
 
+def fr_dump_row(env: Envelope) -> dict[str, Any]:
+    """A rank's Flight Recorder dump; its JSON must parse to an object with ``entries``."""
+    b = env.body
+    try:
+        dump = json.loads(b["dump"])
+    except ValueError as e:
+        raise InvalidMessage("bad_body", f"fr_dump.dump is not JSON: {e}") from None
+    if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
+        raise InvalidMessage("bad_body", "fr_dump.dump has no entries list")
+    return {"job": env.job, "rank": env.rank, "ts_ns": env.sent_ns, "request_id": b["request_id"][:200],
+            "reason": b["reason"][:200], "host": env.host, "pid": env.pid, "truncated": int(b["truncated"]),
+            "dump": b["dump"]}
+
+
 STATS_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     "rank": lambda v, n: int_field(v, n, I32), "ts_ns": int_field, "step": int_field,
     "window_steps": lambda v, n: int_field(v, n, I32), "median_step_ns": int_field, "p95_step_ns": int_field,

@@ -229,8 +229,28 @@ CREATE TABLE IF NOT EXISTS {db}.reports
 ENGINE = ReplacingMergeTree(created_ns)
 ORDER BY (job, window_id)
 ;
--- Flight recorder dumps a rank sends when an alert or a control message asks (last step records
--- [step, start_ns, end_ns, comm_ns] and every thread's stack, both as JSON).
+-- Each rank's PyTorch Flight Recorder dump (its collectives by process group and sequence number,
+-- with their states and times), as the recorder's JSON, sent with the rank's flight record on a hang
+-- or a request; `rankscope export --fr-dump` writes them as PyTorch's fr_trace analyzer reads them.
+CREATE TABLE IF NOT EXISTS {db}.fr_dumps
+(
+    job LowCardinality(String),
+    rank Int32,
+    ts_ns Int64,
+    request_id String,
+    reason String,
+    host LowCardinality(String),
+    pid Int32,
+    truncated UInt8,
+    dump String CODEC(ZSTD(3)),
+    ts DateTime64(3) MATERIALIZED fromUnixTimestamp64Nano(ts_ns)
+)
+ENGINE = ReplacingMergeTree
+ORDER BY (job, request_id, rank, ts_ns)
+TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL 90 DAY
+;
+-- The tool's own flight records, which a rank sends when an alert or a control message asks (last
+-- step records [step, start_ns, end_ns, comm_ns] and every thread's stack, both as JSON).
 CREATE TABLE IF NOT EXISTS {db}.flight_records
 (
     job LowCardinality(String),

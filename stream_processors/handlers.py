@@ -114,7 +114,7 @@ class Handlers:
             try:
                 if alert.kind == "slow_rank" and alert.status == "open":
                     out += self.auto_trace(alert.job, now_s)
-                if alert.kind == "hang" and alert.status == "open":
+                if alert.kind in ("hang", "collective_mismatch") and alert.status == "open":
                     out.append(self.flight_request(alert))
             except Exception as e:
                 log.exception("acting on alert %s failed: %s", alert.alert_id, e)
@@ -136,7 +136,8 @@ class Handlers:
         return [Out(Topic.CONTROL, job.encode(), self.sender.envelope("control", job, body, self.clock.wall_ns()))]
 
     def flight_request(self, alert: Alert) -> Out:
-        """A hang asks every rank of its job for its flight recorder (last steps and all stacks)."""
+        """A hang or a mismatched collective asks every rank of its job for its flight record (last
+        steps and all stacks) and its PyTorch Flight Recorder dump."""
         body = {"command": "flight", "request_id": f"flight-{alert.alert_id}", "ranks": None,
                 "args": {"reason": f"alert {alert.alert_id}"}}
         return Out(Topic.CONTROL, alert.job.encode(),

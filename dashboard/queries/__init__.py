@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from rankscope.dashboard.queries.alerts import (  # noqa: F401
     ALERTS_COLUMNS,
+    COLLECTIVE_COLUMNS,
     LOST_COLUMNS,
     STACK_COLUMNS,
     alert_stack_groups,
     alerts,
+    incident_collectives,
     lost_time,
     parse_stack_groups,
 )

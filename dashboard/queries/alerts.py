@@ -107,3 +107,24 @@ def lost_time(alerts_df: pd.DataFrame, world_sizes: dict[str, int]) -> pd.DataFr
     df["lost_rank_seconds"] = reported.where(~stall, ws * df["duration_s"]).round(1)
     df["estimated"] = stall
     return df[LOST_COLUMNS].sort_values("lost_rank_seconds", ascending=False).reset_index(drop=True)
+
+
+# The collectives of an incident -----------------------------------------------------------------
+
+COLLECTIVE_COLUMNS = ["alert_id", "rank", "process_group", "last_enqueued", "last_started", "last_completed"]
+
+
+def incident_collectives(store: Store, incidents: tuple[tuple[str, str], ...]) -> pd.DataFrame:
+    """For each ``(job, alert_id)`` of a hang or mismatch: each rank's last enqueued / started /
+    completed collective per process group, from the Flight Recorder dumps its incident asked for
+    (request ``flight-<alert_id>``): :data:`COLLECTIVE_COLUMNS`."""
+    from rankscope.storage.fr_dumps import collective_states, rank_dumps
+
+    frames = []
+    for job, alert_id in incidents:
+        states = collective_states(rank_dumps(store, job, f"flight-{alert_id}"))
+        if not states.empty:
+            frames.append(states.assign(alert_id=alert_id))
+    if not frames:
+        return pd.DataFrame(columns=COLLECTIVE_COLUMNS)
+    return pd.concat(frames, ignore_index=True)[COLLECTIVE_COLUMNS]

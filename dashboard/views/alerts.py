@@ -7,8 +7,7 @@ import streamlit as st
 from rankscope.config import Settings
 from rankscope.dashboard import queries, ui
 
-KINDS = {"hang": "Hang", "dead_rank": "Dead rank", "slow_rank": "Slow rank",
-         "abnormal_worker": "Abnormal worker (report)", "rank_failed": "Rank failed (crash)"}
+KINDS = ui.KIND_TITLE
 
 
 def panel(cfg: Settings, kinds: list[str], show_resolved: bool) -> None:
@@ -54,8 +53,11 @@ def panel(cfg: Settings, kinds: list[str], show_resolved: bool) -> None:
     if not open_.empty:
         st.subheader("Open incidents")
         groups = queries.parse_stack_groups(open_)
+        hangs = open_[open_["kind"].isin(["hang", "collective_mismatch"])]
+        collectives = ui.query(cfg, "incident_collectives",
+                               incidents=tuple(zip(hangs["job"], hangs["alert_id"], strict=True)))
         for _, a in open_.iterrows():
-            ui.render_alert(a, groups, lost_s=lost_by_id.get(a["alert_id"]), job_link=True)
+            ui.render_alert(a, groups, lost_s=lost_by_id.get(a["alert_id"]), job_link=True, collectives=collectives)
 
 
 st.title("Alerts")

@@ -30,6 +30,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--output", "-o", default="", metavar="FILE",
                    help="output file (default: <window>.trace.json; '-' for stdout)")
     export_formats.add_arguments(p)     # --format kineto|folded|speedscope, --traces PATH
+    p.add_argument("--fr-dump", action="store_true",
+                   help="write the ranks' stored PyTorch Flight Recorder dumps of one request (--window: its "
+                        "request id or a prefix; default the newest) into the folder --output, as "
+                        "`python -m torch.distributed.flight_recorder.fr_trace FOLDER --prefix rank_` reads them")
     p.set_defaults(func=run)
 
 
@@ -55,9 +59,67 @@ def resolve_window(store: object, job: str, window: str) -> str | None:
     return next((w for w in ids if w.startswith(window)), None)
 
 
+FR_PREFIX = "rank_"
+
+
+def write_fr_dumps(dumps: dict[int, dict], out: Path) -> list[Path]:
+    """One pickle file per rank, ``<out>/rank_<r>``: the form the recorder's own ``_dump_fr_trace``
+    writes and fr_trace's loader reads, with every group in ``pg_config``
+    (:func:`~rankscope.storage.fr_dumps.with_group_configs`). Raises OSError."""
+    import pickle
+
+    from rankscope.storage.fr_dumps import with_group_configs
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for rank, dump in sorted(with_group_configs(dumps).items()):
+        path = out / f"{FR_PREFIX}{rank}"
+        path.write_bytes(pickle.dumps(dump))
+        paths.append(path)
+    return paths
+
+
+def export_fr_dumps(args: argparse.Namespace, settings: Settings) -> int:
+    """``--fr-dump``: the stored dumps of one request through :func:`write_fr_dumps`."""
+    from rankscope.storage.fr_dumps import rank_dumps, resolve_request
+    from rankscope.storage.query_endpoint import open_read_store
+    from rankscope.storage.store import StoreError, StoreLocked
+
+    if not args.job:
+        return _err("--fr-dump needs --job", 2)
+    try:
+        store, release = open_read_store(settings.store_dsn, settings.data_dir)
+    except StoreLocked as e:
+        print(f"rankscope export: {e}\n{LOCKED_HINT}", file=sys.stderr)
+        return 1
+    except StoreError as e:
+        return _err(str(e), 1)
+    try:
+        request = resolve_request(store, args.job, args.window)
+        dumps = rank_dumps(store, args.job, request) if request else {}
+    except StoreError as e:
+        return _err(str(e), 1)
+    finally:
+        release()
+    if not dumps:
+        return _err(f"no stored Flight Recorder dumps for job {args.job!r}"
+                    + (f" request {args.window!r}" if args.window else "")
+                    + " (a hang alert or `rankscope flight --job J` asks the ranks for them)", 1)
+    out = Path(args.output or f"fr-{args.job}")
+    try:
+        write_fr_dumps(dumps, out)
+    except OSError as e:
+        return _err(f"cannot write {out}: {e.strerror or e}", 2)
+    print(f"request {request} of job {args.job}: {len(dumps)} ranks' dumps written to {out}/rank_<r>; read them with "
+          f"python -m torch.distributed.flight_recorder.fr_trace {out} --prefix rank_")
+    return 0
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from rankscope.trace_request import parse_ranks
 
+    if args.fr_dump:
+        return export_fr_dumps(args, settings)
     rc = export_formats.run_format(args, settings)
     if rc is not None:
         return rc

@@ -140,7 +140,17 @@ def populate(store: Store, now_ns: int | None = None) -> int:
         {"job": HANG_JOB, "rank": 3, "ts_ns": now - 20 * S - k, "request_id": "flight-x", "reason": "alert",
          "host": "node-b", "pid": 4003, "steps": json.dumps([[s, 0, 0, 0] for s in range(40 - k, 58)]),
          "stacks": json.dumps(stack)} for k in (0, 5)])   # two dumps: the latest (k=0) is shown
+    # The hang's Flight Recorder dumps: rank 3 never enqueued collective 58 of the default group.
+    store.insert("fr_dumps", [
+        {"job": HANG_JOB, "rank": r, "ts_ns": now - 20 * S, "request_id": f"flight-{HANG_ALERT_ID}", "reason": "alert",
+         "host": "node-a", "pid": 4000 + r, "truncated": 0,
+         "dump": json.dumps({"version": "2.10", "entries": [], "pg_config": {},
+                             "pg_status": {"0": {"last_enqueued_collective": FR_LAST[r], "last_started_collective": -1,
+                                                 "last_completed_collective": 57}}})} for r in range(4)])
     return now
+
+
+FR_LAST = {0: 58, 1: 58, 2: 58, 3: 57}   # each rank's last enqueued collective in the sample hang
 
 
 def _more_hw(now: int) -> list[dict[str, Any]]:

@@ -246,6 +246,11 @@ def test_alertsopen_page(app_env):
     assert "Open 2" in text and "Resolved 1" in text
     assert sd.HANG_FUNCTION in "\n".join(c.value for c in at.code)
     assert f"Open job {sd.HANG_JOB}" in text
+    # The hang's collective table, from its ranks' Flight Recorder dumps, marks the culprit.
+    table = next(d.value for d in at.dataframe if "last_enqueued" in getattr(d.value, "columns", []))
+    table = getattr(table, "data", table)      # a Styler shows its DataFrame
+    assert dict(zip(table["rank"], table["last_enqueued"], strict=True)) == sd.FR_LAST
+    assert table.loc[table["culprit"], "rank"].tolist() == [3]
     at.toggle[0].set_value(False).run()
     assert not at.exception
     assert sd.OLD_ALERT_ID not in at.dataframe[0].value.to_string()
@@ -304,3 +309,11 @@ def test_job_page_shows_flight_records(app_env):
     at = open_page("views/job.py", job=sd.HANG_JOB)
     assert not at.exception, at.exception
     assert "Rank 3" in page_text(at) and any("train.py:56" in c.value for c in at.code)
+
+
+def test_incident_collectives_come_from_the_incidents_dumps(store, now):
+    df = q.incident_collectives(store, ((sd.HANG_JOB, sd.HANG_ALERT_ID), (sd.OK_JOB, sd.OLD_ALERT_ID)))
+    assert set(df["alert_id"]) == {sd.HANG_ALERT_ID}
+    assert dict(zip(df["rank"], df["last_enqueued"], strict=True)) == sd.FR_LAST
+    assert set(df["process_group"]) == {"0"} and set(df["last_started"]) == {-1}
+    assert list(q.incident_collectives(store, ()).columns) == q.COLLECTIVE_COLUMNS

@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from rankscope.admin import ensure_topics
+from rankscope.commands.export import FR_PREFIX, write_fr_dumps
 from rankscope.config import Settings
+from rankscope.storage.fr_dumps import collective_states, rank_dumps
 from rankscope.storage.sink import Sink
 from rankscope.storage.store import Store, close_store, open_store
 from tests.integration.helpers import (
@@ -117,7 +119,7 @@ def test_a_slow_device_is_named_from_its_collectives(stack: Stack) -> None:
 
 
 def test_a_stopped_device_is_the_only_rank_the_hang_names(stack: Stack) -> None:
-    settings, _store, work = stack
+    settings, store, work = stack
     job = f"gpu-stop-{uuid.uuid4().hex[:6]}"
     log = work / f"{job}.log"
     reader = AlertReader(settings)
@@ -135,9 +137,33 @@ def test_a_stopped_device_is_the_only_rank_the_hang_names(stack: Stack) -> None:
                                120, "the hang with every rank's stack", lambda: diagnostics(work, log))
         assert hang.ranks == [1], hang.summary
         assert len({tuple(g.frames) for g in hang.stack_groups}) == 1, hang.stack_groups
+        # The hang asked every rank for its Flight Recorder dump; the sink stored them.
+        request = f"flight-{hang.alert_id}"
+        def four_dumps() -> dict | None:
+            d = rank_dumps(store, job, request)
+            return d if len(d) == 4 else None
+
+        try:
+            dumps = wait_until(four_dumps, 120, "four ranks' Flight Recorder dumps in ClickHouse")
+        except AssertionError as e:
+            stored = store.query_rows("SELECT request_id, rank FROM rankscope.fr_dumps WHERE job = {job:String}",
+                                      parameters={"job": job})
+            dead = store.query_rows("SELECT reason, detail FROM rankscope.deadletters ORDER BY ts_ns DESC LIMIT 5")
+            raise AssertionError(f"{e}; stored {stored}; dead letters {dead}; want {request}") from None
+        states = collective_states(dumps)
+        default = states[states["process_group"] == "0"].set_index("rank")["last_enqueued"]
+        assert default[1] == default[0] - 1 and default[0] == default[2] == default[3], states
     finally:
         stop_process(proc)
         reader.close()
+    # PyTorch's own analyzer reads the exported dumps and finds the collective rank 1 never joined.
+    folder = work / f"{job}-fr"
+    write_fr_dumps(dumps, folder)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder),
+                          "--prefix", FR_PREFIX], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    assert "Not all ranks joining collective" in text and "missing ranks: {1}" in text, text[-3000:]
 
 
 def test_a_stopped_training_thread_is_named(stack: Stack) -> None:

@@ -133,3 +133,32 @@ def test_a_real_gloo_group_is_read(tmp_path) -> None:
     assert [g["ops"][i] for i in g["op"]] == ["all_reduce float32[8]"] * 3 + ["all_reduce float64[2,3]"]
     assert g["last"][0] == 4 and g["dur_ns"] == [-1] * 4          # gloo times nothing on the device
     assert g["reach_ns"] == sorted(g["reach_ns"]) and g["reach_ns"][0] > 1e18
+
+
+DUMP_SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    import torch, torch.distributed as dist
+    from rankscope.producers.collective_log import bounded_dump, enable_recorder, full_dump_json
+    enable_recorder(os.environ, 64)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % int(sys.argv[1]), rank=0, world_size=1)
+    for _ in range(40):
+        dist.all_reduce(torch.ones(8))
+    text = full_dump_json()
+    small, truncated = bounded_dump(text, 6000)
+    print(json.dumps({"whole": json.loads(text), "small": json.loads(small), "truncated": truncated}))
+    dist.destroy_process_group()
+''')
+
+
+def test_the_full_dump_is_the_recorders_json_and_bounded_drops_the_oldest_entries() -> None:
+    from tests.integration.helpers import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FR")}
+    out = subprocess.run([sys.executable, "-c", DUMP_SCRIPT, str(free_port())], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    whole, small = got["whole"], got["small"]
+    assert {"version", "pg_status", "entries"} <= set(whole) and len(whole["entries"]) == 40
+    assert got["truncated"] and 0 < len(small["entries"]) < 40
+    assert small["entries"][-1]["collective_seq_id"] == whole["entries"][-1]["collective_seq_id"]

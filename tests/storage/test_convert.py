@@ -47,3 +47,20 @@ def test_kinds_the_store_does_not_keep_are_counted_as_skipped():
     ack = encode(Envelope("ack", "j", 0, "h", 1, 1, 1, {"request_id": "r", "status": "accepted", "detail": ""}))
     rows.add(Topic.REPLIES, ack, batch)
     assert rows.skipped == {"ack": 1} and batch.rows == 0
+
+
+def fr_dump(dump: str) -> bytes:
+    return encode(Envelope("fr_dump", "j", 1, "h", 11, 5, 2000,
+                           {"request_id": "flight-a", "reason": "alert a", "dump": dump, "truncated": False}))
+
+
+def test_flight_recorder_dumps_are_kept_and_garbage_ones_refused():
+    rows, batch = RowBuilder(), Batch(started_at=0.0)
+    rows.add(Topic.REPLIES, fr_dump('{"version": "2.10", "entries": [], "pg_status": {}}'), batch)
+    t = batch.tables["fr_dumps"].data
+    assert t["request_id"] == ["flight-a"] and t["rank"] == [1] and t["truncated"] == [0] and batch.rows == 1
+    for bad in ("not json", '{"no": "entries"}', "[1, 2]"):
+        with pytest.raises(InvalidMessage) as e:
+            rows.add(Topic.REPLIES, fr_dump(bad), batch)
+        assert e.value.reason == "bad_body"
+    assert batch.rows == 1

@@ -9,7 +9,9 @@ the work queued before it. The training thread never blocks in torch.distributed
 queues the step's device work, waits at one sync per step (``loss.item()``) and steps its
 optimizer. A device error (a peer gone) is raised at the next sync, as CUDA raises it.
 
-Faults (one each): ``--slow-device-rank`` runs that rank's device compute ``--slow-factor`` times;
+Faults (one each): ``--slow-device-rank`` runs that rank's device compute ``--slow-factor`` times
+(from step ``--slow-from-step``); ``--slow-data-rank`` loads that rank's batches ``--slow-data-s``
+slower on the host; ``--crash-rank``/``--crash-at-step`` raises on that rank's training thread;
 ``--stop-device-rank``/``--stop-at-step`` stops that device before its collective of that step;
 ``--hang-rank``/``--hang-at-step`` blocks that rank's training thread in data loading;
 ``--mismatch-rank``/``--mismatch-at-step`` issues that step's all-reduce with another shape (same
@@ -80,6 +82,11 @@ def main() -> int:
     p.add_argument("--min-seconds", type=float, default=0.0)
     p.add_argument("--slow-device-rank", type=int, default=-1)
     p.add_argument("--slow-factor", type=int, default=4)
+    p.add_argument("--slow-from-step", type=int, default=0)
+    p.add_argument("--slow-data-rank", type=int, default=-1)
+    p.add_argument("--slow-data-s", type=float, default=0.02)
+    p.add_argument("--crash-rank", type=int, default=-1)
+    p.add_argument("--crash-at-step", type=int, default=-1)
     p.add_argument("--stop-device-rank", type=int, default=-1)
     p.add_argument("--stop-at-step", type=int, default=-1)
     p.add_argument("--hang-rank", type=int, default=-1)
@@ -98,7 +105,7 @@ def main() -> int:
     weight = torch.nn.Parameter(torch.randn(SIZE, SIZE) / SIZE)
     opt = torch.optim.SGD([weight], lr=1e-4)
     stream = Stream()
-    reps = COMPUTE_REPS * (args.slow_factor if rank == args.slow_device_rank else 1)
+    slow_reps = COMPUTE_REPS * (args.slow_factor if rank == args.slow_device_rank else 1)
     grad = torch.zeros(SIZE * SIZE + 1)       # the gradient bucket, plus a "done" flag
     t_first = time.monotonic()
     step = 0
@@ -110,13 +117,18 @@ def main() -> int:
             print(f"rank {rank}: data loading blocked at step {step}", file=sys.stderr, flush=True)
             while True:        # a read from a dead file system
                 time.sleep(0.2)
+        if rank == args.crash_rank and step == args.crash_at_step:
+            raise RuntimeError(f"rank {rank}: planted failure at step {step}")
+        if rank == args.slow_data_rank:
+            time.sleep(args.slow_data_s)      # a slow file system or decoder
         x = torch.randn(SIZE, SIZE)           # the batch, loaded on the host
+        reps = slow_reps if step >= args.slow_from_step else COMPUTE_REPS
         done = float(step + 1 >= args.steps and time.monotonic() - t_first >= args.min_seconds)
         stop_here = rank == args.stop_device_rank and step == args.stop_at_step
         odd_shape = rank == args.mismatch_rank and step == args.mismatch_at_step
 
         def device_step(x: torch.Tensor = x, done: float = done, stop_here: bool = stop_here,
-                        odd_shape: bool = odd_shape, at: int = step) -> None:
+                        odd_shape: bool = odd_shape, at: int = step, reps: int = reps) -> None:
             y = x
             for _ in range(reps):
                 y = torch.tanh(y @ weight.detach())

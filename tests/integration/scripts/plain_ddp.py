@@ -2,7 +2,9 @@
 
     torchrun --nproc-per-node 4 plain_ddp.py --steps 200 --slow-rank 1 --slow-factor 4
 
-Options plant one fault: ``--slow-rank`` runs the forward pass ``--slow-factor`` times on that rank;
+Options plant one fault: ``--slow-rank`` runs the forward pass ``--slow-factor`` times on that rank
+(from step ``--slow-from-step``); ``--slow-data-rank`` makes that rank's loader take ``--slow-data-s``
+longer per batch;
 ``--hang-rank``/``--hang-at-index`` make the Dataset's ``__getitem__`` block on that rank at that index;
 ``--crash-rank``/``--crash-at-step`` raise at that step; ``--kill-rank``/``--kill-at-step`` SIGKILL
 that rank's own process at that step, as the OOM killer would. ``--min-seconds`` goes on past
@@ -27,8 +29,9 @@ from torch.utils.data import DataLoader, Dataset
 
 
 class Samples(Dataset):
-    def __init__(self, n: int, size: int, hang_at: int) -> None:
+    def __init__(self, n: int, size: int, hang_at: int, batch: int = 1, slow_s: float = 0.0) -> None:
         self.n, self.size, self.hang_at = n, size, hang_at
+        self.per_sample_s = slow_s / batch
 
     def __len__(self) -> int:
         return self.n
@@ -38,6 +41,8 @@ class Samples(Dataset):
             print(f"rank {dist.get_rank()}: data loading blocked at index {i}", file=sys.stderr, flush=True)
             while True:        # a read from a dead file system
                 time.sleep(0.2)
+        if self.per_sample_s:
+            time.sleep(self.per_sample_s)    # a slow file system or decoder
         g = torch.Generator().manual_seed(i)
         return torch.randn(self.size, generator=g)
 
@@ -54,6 +59,9 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-factor", type=int, default=4)
+    p.add_argument("--slow-from-step", type=int, default=0)
+    p.add_argument("--slow-data-rank", type=int, default=-1)
+    p.add_argument("--slow-data-s", type=float, default=0.02)
     p.add_argument("--hang-rank", type=int, default=-1)
     p.add_argument("--hang-at-index", type=int, default=-1)
     p.add_argument("--crash-rank", type=int, default=-1)
@@ -76,7 +84,8 @@ def main() -> int:
     opts = [torch.optim.SGD(params[: len(params) // 2], lr=1e-3), torch.optim.SGD(params[len(params) // 2:], lr=1e-3)]
     hang_at = args.hang_at_index if rank == args.hang_rank else -1
     n = args.steps * args.batch
-    loader = DataLoader(Samples(n, args.size, hang_at), batch_size=args.batch, num_workers=0)
+    slow_data_s = args.slow_data_s if rank == args.slow_data_rank else 0.0
+    loader = DataLoader(Samples(n, args.size, hang_at, args.batch, slow_data_s), batch_size=args.batch, num_workers=0)
     epochs = itertools.count() if args.min_seconds else range(1)
     batches = (x for _ in epochs for x in loader)
     reps = args.slow_factor if rank == args.slow_rank else 1
@@ -90,7 +99,7 @@ def main() -> int:
             print(f"rank {rank}: SIGKILL at step {step}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         out = x
-        for _ in range(reps):
+        for _ in range(reps if step >= args.slow_from_step else 1):
             out = model(out)
         loss = out.square().mean()
         for o in opts:
