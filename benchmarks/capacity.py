@@ -181,6 +181,41 @@ def drain_rate(samples: list[tuple[float, int, list[float]]], backlog: int) -> d
             "cpu_us_per_msg": round(1e6 * sum(cpu) / max(msgs, 1), 1)}
 
 
+def collective_fold_us(per_beat: int, ranks: int = 256, beats: int = 40) -> float:
+    """Stage one's CPU per beat (fold, and the shard summary every scan) for beats that carry
+    ``per_beat`` collective records of one group, in-process: what the collective records add to
+    the ``w1_cpu_us_per_msg`` measured above."""
+    from rankscope.config import Settings
+    from rankscope.stream_processors.shard import ShardJob
+    from rankscope.wire import Envelope, decode, encode
+
+    settings = Settings()
+    job = ShardJob("bench", 0)
+    seq = {r: 0 for r in range(ranks)}
+    t0_ns = 1_800_000_000 * 10**9
+    raw = []
+    for b in range(beats):
+        for r in range(ranks):
+            body: dict[str, Any] = {"step": [b], "start_ns": [t0_ns + b * 10**9], "end_ns": [t0_ns + b * 10**9 + 9 * 10**8],
+                                    "comm_ns": [0], "hb_step": b, "since_step_s": 0.0, "dropped": 0,
+                                    "world_size": ranks, "local_rank": r % 8, "stacks": None}
+            if per_beat:
+                first = seq[r] + 1
+                seq[r] += per_beat
+                body["coll"] = [{"pg": "0", "size": ranks, "seq": list(range(first, first + per_beat)),
+                                 "op": [0] * per_beat, "reach_ns": [t0_ns + b * 10**9 + k * 1000 + r for k in range(per_beat)],
+                                 "dur_ns": [-1] * per_beat, "ops": ["all_reduce bfloat16[4096]"],
+                                 "last": [seq[r], -1, seq[r]]}]
+            raw.append(encode(Envelope("beat", "bench", r, "h", r, b, t0_ns + b * 10**9 + 9 * 10**8, body)))
+    t0 = time.process_time()
+    for i, m in enumerate(raw):
+        env = decode(m)
+        job.apply(env, env.sent_ns / 1e9, settings)
+        if (i + 1) % ranks == 0:
+            job.summary(env.sent_ns / 1e9, settings)
+    return (time.process_time() - t0) / len(raw) * 1e6
+
+
 def run(ranks: int = DEFAULT_RANKS, seconds: float = DEFAULT_SECONDS,
         workers: tuple[int, ...] = DEFAULT_WORKERS, sink: bool = True) -> dict[str, Any]:
     configs = []
@@ -205,6 +240,9 @@ def run(ranks: int = DEFAULT_RANKS, seconds: float = DEFAULT_SECONDS,
             continue
         metrics.update({p + "drain_msgs_s": c["msgs_per_s"], p + "cpu_us_per_msg": c["cpu_us_per_msg"],
                         p + "ranks_carried": c["ranks_carried_at_1_beat_s"]})
+    fold = {k: round(collective_fold_us(k), 2) for k in (0, 16, 64)}
+    metrics.update({f"fold_us_per_beat_with_{k}_collectives": v for k, v in fold.items()})
+    metrics["fold_us_per_collective_record"] = round((fold[64] - fold[0]) / 64, 3)
     rates = {c["workers"]: c["msgs_per_s"] for c in configs if "error" not in c and c["service"] == "processors"}
     if 1 in rates and 2 in rates and rates[1]:
         metrics["speedup_w2_over_w1"] = round(rates[2] / rates[1], 2)

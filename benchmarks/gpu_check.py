@@ -1,10 +1,13 @@
 """End-to-end check on a machine with an NVIDIA GPU: ``python -m benchmarks.gpu_check``.
 
 Starts a throw-away local stack (a real broker, no processors), opens a chDB store in a temp dir,
-runs the sink in a thread, trains a small CUDA MLP (one pinned host->device copy per step) under a
+runs the sink in a thread, trains a small CUDA MLP (one pinned host->device copy per step, its
+gradients all-reduced in a one-rank NCCL group with PyTorch's Flight Recorder on) under a
 :class:`Tracer` for ``--steps`` steps (with a trace window in the middle when this build has trace
 windows), then prints what arrived in ClickHouse: rows per table and ``hw_samples`` per device and
-metric (n, min, median, max), plus the sampler's cost per sample, the bytes sent per topic, and the trace window as stored
+metric (n, min, median, max), plus the sampler's cost per sample, the bytes sent per topic, the
+collective records the beats carried (with NCCL's device durations) and the stored Flight Recorder
+dump, and the trace window as stored
 (``trace_events`` per category with its top names, ``trace_windows``, ``function_summaries``).
 The same goes to ``benchmarks/results/gpu_check.json``.
 
@@ -52,8 +55,43 @@ def _gpu_info() -> dict[str, Any]:
     return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in info.items()}
 
 
+def _process_group(device: str) -> Any:
+    """A one-rank process group (NCCL on a GPU, gloo on the CPU) with PyTorch's Flight Recorder on,
+    as the tracer and ``rankscope run`` switch it on; its collectives are what ranks send."""
+    import os
+
+    import torch.distributed as dist
+
+    from benchmarks._stack import free_port
+    from rankscope.config import Settings
+    from rankscope.producers.collective_log import enable_recorder
+
+    enable_recorder(os.environ, Settings().coll_ring)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
+                            rank=0, world_size=1)
+    return dist
+
+
+def _collectives_sent(messages: list[bytes]) -> dict[str, Any]:
+    """What the beats carried of the rank's collectives (their ``coll`` field)."""
+    from rankscope.wire import decode
+
+    n = timed = 0
+    ops: Counter[str] = Counter()
+    states: dict[str, list[int]] = {}
+    for raw in messages:
+        env = decode(raw)
+        for g in env.body.get("coll") or [] if env.kind == "beat" else []:
+            n += len(g["seq"])
+            timed += sum(1 for d in g["dur_ns"] if d >= 0)
+            ops.update(g["ops"][i] for i in g["op"])
+            states[g["pg"]] = g["last"]
+    return {"collectives": n, "timed": timed, "ops": dict(ops.most_common(5)), "last_state": states}
+
+
 def _train(tracer: Any, device: str, steps: int, batch: int, width: int, window_at: int) -> dict[str, Any]:
     import torch
+    import torch.distributed as dist
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())],
@@ -72,6 +110,9 @@ def _train(tracer: Any, device: str, steps: int, batch: int, width: int, window_
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        for p in model.parameters():
+            if p.grad is not None and p.dim() == 2:
+                dist.all_reduce(p.grad)           # a data-parallel rank's gradient all-reduce
         opt.step()
         if device == "cuda":
             torch.cuda.synchronize()
@@ -216,10 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         sink_thread = threading.Thread(target=sink.run, args=(stop,), name="gpu-check-sink", daemon=True)
         sink_thread.start()
         try:
+            dist = _process_group(device)
             tracer = Tracer(settings.with_overrides(job_id=job, rank=0, world_size=1, local_rank=0),
                             install_collective_timing=False, handle_signals=False)
             sent: Counter[str] = Counter()
             sent_bytes: Counter[str] = Counter()
+            beats: list[bytes] = []
             transport = getattr(tracer, "transport", None)
             if transport is not None:
                 orig_send = transport.send
@@ -228,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                     short = topic[len(settings.topic_prefix):]
                     sent[short] += 1
                     sent_bytes[short] += len(value)
+                    if short == "steps":
+                        beats.append(value)
                     return orig_send(topic, key, value)
 
                 transport.send = counting_send
@@ -236,9 +281,12 @@ def main(argv: list[str] | None = None) -> int:
                                      window_at=min(args.steps // 4, 50))
             if result["train"]["window"].get("requested"):
                 time.sleep(3.0)   # let the window's background conversion and sending finish
+            tracer.send_collective_dump("gpu-check", "gpu_check")   # as a hang asks
             sampler = getattr(tracer, "hw_sampler", None)
             run_s = time.monotonic() - run_t0
             tracer.close()
+            result["collectives_sent"] = _collectives_sent(beats)
+            dist.destroy_process_group()
             result["sampler"] = sampler.stats() if sampler is not None else None
             windows = getattr(tracer, "windows", None)
             result["windows_done"] = getattr(windows, "windows_done", None)
@@ -255,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
             stop.set()
             sink_thread.join(30)
         tables, hw = _report(store, store.database, job)
+        dumps = store.query_rows(f"SELECT rank, length(dump), truncated FROM {store.database}.fr_dumps "
+                                 "WHERE job = {job:String}", parameters={"job": job})
+        result["fr_dumps"] = [list(r) for r in dumps]
         result["trace"] = _trace_report(store, store.database, job)
         result["sink"] = sink.stats()
         close_store(settings.store_dsn)
@@ -281,6 +332,15 @@ def main(argv: list[str] | None = None) -> int:
             problems.append(f"trace window without {missing} events")
         if not trace["function_summary_rows"]:
             problems.append("no function_summaries rows for the window")
+    coll = result["collectives_sent"]
+    enqueued = max((last[0] for last in coll["last_state"].values()), default=-1)
+    if not coll["collectives"] or enqueued < args.steps:
+        problems.append(f"beats carried {coll['collectives']} collective records and a last enqueued collective "
+                        f"{enqueued} for {args.steps} steps of all-reduces")
+    if device == "cuda" and not coll["timed"]:
+        problems.append("no collective carried a device duration (TORCH_NCCL_ENABLE_TIMING)")
+    if not result["fr_dumps"]:
+        problems.append("no Flight Recorder dump in fr_dumps")
     if device == "cuda" and not any(r["metric"].startswith("gpm_") for r in hw):
         print("gpu_check: no GPM metrics (needs Hopper or newer and a recent driver)")
     result["problems"] = problems
@@ -303,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sent {t:<10} {v['messages']:>6} messages {v['bytes']:>10} bytes ({v['bytes_per_message']} B/message)")
     if "hw_bytes_per_s" in result:
         print(f"hw bytes per second (this rank): {result['hw_bytes_per_s']}")
+    print(f"collective records in beats: {coll['collectives']} ({coll['timed']} with device durations), ops "
+          f"{coll['ops']}, last enqueued/started/completed {coll['last_state']}; Flight Recorder dumps stored "
+          f"(rank, chars, truncated): {result['fr_dumps']}")
     print(f"trace windows done: {result.get('windows_done')} (reader: {result.get('window_reader')}, "
           f"sender CPU ms: {result.get('window_sender_cpu_ms')})")
     for w in trace["windows"]:

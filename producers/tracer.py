@@ -36,7 +36,13 @@ from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings, unknown_env
 from rankscope.kafka_client import client_conf
 from rankscope.own_frames import is_own_frame
-from rankscope.producers.collective_log import CollectiveLog, bounded_dump, enable_recorder, full_dump_json
+from rankscope.producers.collective_log import (
+    CollectiveLog,
+    bounded_dump,
+    enable_recorder,
+    full_dump_json,
+    read_period_s,
+)
 from rankscope.producers.collectives import CommTimer, install, uninstall
 from rankscope.producers.control import ControlListener
 from rankscope.producers.ddp import DdpWatcher, mark_reducer_wait
@@ -224,6 +230,12 @@ class Tracer:
             self.windows.drain(self.settings.flush_timeout_s / 2)
             if self.hw_sampler is not None:
                 self.hw_sampler.stop()
+            if self._collectives is not None and not self._collectives.off_reason:
+                # The collectives since the last read, on a thread of its own: a dump can wait on a
+                # failing process group's locks, and the exit record must not.
+                last = threading.Thread(target=self._collectives.collect, name="rankscope-collectives", daemon=True)
+                last.start()
+                last.join(1.0)
             self._send_beat()
             body: dict[str, Any] = {"step": self._step, "reason": reason, "detail": detail[:2000]}
             if exc_type:
@@ -378,9 +390,14 @@ class Tracer:
                 log.debug("heartbeat failed: %s", e)
 
     def _collective_loop(self) -> None:
+        """Read the recorder at each multiple of ``coll_read_s`` of wall time: every rank then reads
+        at about the same moment, so their rings hold about the same collectives, however fast they
+        come (a ring holds the newest ``coll_ring``)."""
         log_ = self._collectives
-        while log_ is not None and not self._stop.wait(self.settings.heartbeat_s):
-            if log_.off_reason:
+        period = read_period_s(os.environ, self.settings.coll_ring, self.settings.coll_read_s)
+        while log_ is not None and not log_.off_reason:
+            now_s = self.clock.wall_ns() / 1e9
+            if self._stop.wait((int(now_s / period) + 1) * period - now_s):
                 return
             log_.collect()
 

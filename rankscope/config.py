@@ -117,8 +117,9 @@ class Settings:
     flight_steps: int = 256
     # Collective records from PyTorch's Flight Recorder: its ring size (TORCH_FR_BUFFER_SIZE, unless
     # set by the user; 0 = no collective records) and NCCL's device timing (TORCH_NCCL_ENABLE_TIMING).
-    coll_ring: int = 128
+    coll_ring: int = 64
     coll_timing: bool = True
+    coll_read_s: float = 2.0   # the ring is read at each multiple of this many seconds of wall time
     native_reader: bool = True  # read trace windows with the C++ reader when built (rankscope build-native)
     control_enabled: bool = True
     ddp_autodetect: bool = True  # the tracer finds DDP models by itself and marks their busy time
@@ -145,7 +146,7 @@ class Settings:
         for name in ["sink_batch_s", "sink_ranks_s", "scan_interval_s", "hang_min_s", "hang_factor", "dead_after_s",
                      "heartbeat_s", "straggler_z", "flush_timeout_s", "dashboard_refresh_s",
                      "stall_stack_factor", "stall_stack_min_s", "rebuild_horizon_s", "incident_horizon_s",
-                     "job_idle_s", "hw_send_s"]:
+                     "job_idle_s", "hw_send_s", "coll_read_s"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds/factor, got {getattr(self, name)!r}")
         if self.producer_compression not in PRODUCER_COMPRESSIONS:

@@ -31,3 +31,7 @@ def test_gpu_check_runs_the_whole_pipeline_on_the_cpu(tmp_path: Path):
     assert window["status"] == "complete" and window["steps"][1] - window["steps"][0] + 1 == 10
     assert result["trace"]["function_summary_rows"] > 0
     assert "trace_events per category" in proc.stdout
+    coll = result["collectives_sent"]     # the gradient all-reduces, from the Flight Recorder, in the beats
+    assert coll["collectives"] > 0 and coll["timed"] == 0 and any(op.startswith("all_reduce") for op in coll["ops"])
+    assert coll["last_state"]["0"][0] >= 5 * 80          # five gradient all-reduces a step, all enqueued
+    assert len(result["fr_dumps"]) == 1 and result["fr_dumps"][0][1] > 100

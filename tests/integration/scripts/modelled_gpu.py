@@ -14,8 +14,9 @@ Faults (one each): ``--slow-device-rank`` runs that rank's device compute ``--sl
 slower on the host; ``--crash-rank``/``--crash-at-step`` raises on that rank's training thread;
 ``--stop-device-rank``/``--stop-at-step`` stops that device before its collective of that step;
 ``--hang-rank``/``--hang-at-step`` blocks that rank's training thread in data loading;
-``--mismatch-rank``/``--mismatch-at-step`` issues that step's all-reduce with another shape (same
-bytes, so gloo goes on); ``--kill-rank``/``--kill-at-step`` SIGKILLs that rank. ``--min-seconds``
+``--mismatch-rank``/``--mismatch-at-step`` issues the all-reduces of that step and the next
+``--mismatch-steps`` - 1 with another shape (same bytes, so gloo goes on), as a rank on another code
+path would; ``--kill-rank``/``--kill-at-step`` SIGKILLs that rank. ``--min-seconds``
 goes on past ``--steps`` until that many seconds have passed (the ranks agree through the step's
 all-reduce).
 """
@@ -93,6 +94,7 @@ def main() -> int:
     p.add_argument("--hang-at-step", type=int, default=-1)
     p.add_argument("--mismatch-rank", type=int, default=-1)
     p.add_argument("--mismatch-at-step", type=int, default=-1)
+    p.add_argument("--mismatch-steps", type=int, default=200)
     p.add_argument("--kill-rank", type=int, default=-1)
     p.add_argument("--kill-at-step", type=int, default=-1)
     args = p.parse_args()
@@ -125,7 +127,7 @@ def main() -> int:
         reps = slow_reps if step >= args.slow_from_step else COMPUTE_REPS
         done = float(step + 1 >= args.steps and time.monotonic() - t_first >= args.min_seconds)
         stop_here = rank == args.stop_device_rank and step == args.stop_at_step
-        odd_shape = rank == args.mismatch_rank and step == args.mismatch_at_step
+        odd_shape = rank == args.mismatch_rank and 0 <= step - args.mismatch_at_step < args.mismatch_steps
 
         def device_step(x: torch.Tensor = x, done: float = done, stop_here: bool = stop_here,
                         odd_shape: bool = odd_shape, at: int = step, reps: int = reps) -> None:
