@@ -7,9 +7,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,46 @@ def start_job(settings: Settings, job: str, log: Path, *args: str, nproc: int = 
            "-m", "rankscope.demo.train", *args]
     return subprocess.Popen(cmd, env=child_env(settings, RANKSCOPE_JOB_ID=job), cwd=REPO,
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@contextmanager
+def processors_and_sink(kafka_settings: Settings, work: Path, rules: dict[str, str]) -> Iterator[tuple[Settings, Any]]:
+    """Fresh topics, a processors worker subprocess with ``rules`` (RANKSCOPE_* variables), and a
+    sink thread writing a chDB store in ``work``: yields the settings and the store."""
+    from rankscope.admin import ensure_topics
+    from rankscope.storage.sink import Sink
+    from rankscope.storage.store import close_store, open_store
+
+    settings = kafka_settings.with_overrides(topic_prefix=f"s{uuid.uuid4().hex[:8]}.", data_dir=str(work),
+                                             clickhouse_dsn=f"chdb://{work / 'ch'}", sink_batch_s=0.5)
+    ensure_topics(settings, timeout_s=60)
+    proc_log = work / "processors.log"
+    processors = subprocess.Popen([sys.executable, "-m", "rankscope", "processors"],
+                                  env=child_env(settings, **rules), stdout=open(proc_log, "wb"),
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    store = open_store(settings.store_dsn)
+    sink = Sink(settings, store)
+    stop = threading.Event()
+    sink_thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    sink_thread.start()
+    try:
+        yield settings, store
+    finally:
+        stop.set()
+        sink_thread.join(30)
+        stop_process(processors)
+        close_store(settings.store_dsn)
+        print("processors log tail:\n" + tail(proc_log))
+
+
+def rankscope_run(settings: Settings, job: str, log: Path, script: Path, *args: str, nproc: int = 4,
+                  rules: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``rankscope run -- torchrun ... SCRIPT ARGS`` as a user would type it."""
+    cmd = [sys.executable, "-m", "rankscope", "run", "--job-id", job, "--",
+           sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), *args]
+    return subprocess.Popen(cmd, env=child_env(settings, **(rules or {})), cwd=REPO, stdout=open(log, "wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:

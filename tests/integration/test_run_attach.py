@@ -6,26 +6,21 @@ rankscope and calls no tracer: steps come from its two optimizers, DDP is found 
 from __future__ import annotations
 
 import subprocess
-import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from rankscope.admin import ensure_topics
 from rankscope.config import Settings
-from rankscope.storage.sink import Sink
-from rankscope.storage.store import Store, close_store, open_store
+from rankscope.storage.store import Store
 from rankscope.topics import Topic
 from rankscope.wire import decode
 from tests.integration.helpers import (
-    REPO,
     AlertReader,
     TopicReader,
-    child_env,
-    free_port,
+    processors_and_sink,
+    rankscope_run,
     stop_process,
     tail,
     wait_until,
@@ -45,35 +40,13 @@ Stack = tuple[Settings, Store, Path]
 def stack(kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Fresh topics, a processors worker subprocess with RULES, and a sink thread writing chDB in tmp."""
     work = tmp_path_factory.mktemp("attach")
-    settings = kafka_settings.with_overrides(topic_prefix=f"a{uuid.uuid4().hex[:8]}.", data_dir=str(work),
-                                             clickhouse_dsn=f"chdb://{work / 'ch'}", sink_batch_s=0.5)
-    ensure_topics(settings, timeout_s=60)
-    proc_log = work / "processors.log"
-    processors = subprocess.Popen([sys.executable, "-m", "rankscope", "processors"],
-                                  env=child_env(settings, **RULES), stdout=open(proc_log, "wb"),
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-    store = open_store(settings.store_dsn)
-    sink = Sink(settings, store)
-    stop = threading.Event()
-    sink_thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
-    sink_thread.start()
-    try:
+    with processors_and_sink(kafka_settings, work, RULES) as (settings, store):
         yield settings, store, work
-    finally:
-        stop.set()
-        sink_thread.join(30)
-        stop_process(processors)
-        close_store(settings.store_dsn)
-        print("processors log tail:\n" + tail(proc_log))
 
 
 def run_job(settings: Settings, job: str, log: Path, *args: str, nproc: int = 4) -> subprocess.Popen[bytes]:
     """``rankscope run -- torchrun ... plain_ddp.py ARGS`` as a user would type it."""
-    cmd = [sys.executable, "-m", "rankscope", "run", "--job-id", job, "--",
-           sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(SCRIPT), *args]
-    return subprocess.Popen(cmd, env=child_env(settings, **RULES), cwd=REPO, stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return rankscope_run(settings, job, log, SCRIPT, *args, nproc=nproc, rules=RULES)
 
 
 def diagnostics(work: Path, log: Path) -> str:
