@@ -35,6 +35,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                    help="the slow rank does this many times the others' compute (clear of the noise of a busy host)")
     p.add_argument("--hang-rank", type=int, default=3)
     p.add_argument("--hang-at-step", type=int, default=600)
+    p.add_argument("--hang-after-s", type=float, default=0.0,
+                   help="instead, the hang rank hangs at its first step this many seconds in (0 = off)")
 
 
 def _free_port() -> int:
@@ -52,7 +54,8 @@ def demo_job(args: argparse.Namespace, settings: Settings) -> int:
            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
            "-m", "rankscope.demo.train", "--steps", str(args.steps), "--slow-rank", str(args.slow_rank),
            "--slow-factor", str(args.slow_factor),
-           "--hang-rank", str(args.hang_rank), "--hang-at-step", str(args.hang_at_step)]
+           "--hang-rank", str(args.hang_rank), "--hang-at-step", str(args.hang_at_step),
+           "--hang-after-s", str(args.hang_after_s)]
     print(f"demo job {job}: {' '.join(cmd[2:])}", flush=True)
     os.execvpe(cmd[0], cmd, env)
     return 0  # not reached
@@ -69,7 +72,8 @@ def demo(args: argparse.Namespace, settings: Settings) -> int:
                                           "--steps", str(args.steps), "--slow-rank", str(args.slow_rank),
                                           "--slow-factor", str(args.slow_factor),
                                           "--hang-rank", str(args.hang_rank),
-                                          "--hang-at-step", str(args.hang_at_step)])
+                                          "--hang-at-step", str(args.hang_at_step),
+                                          "--hang-after-s", str(args.hang_after_s)])
     url = f"http://127.0.0.1:{settings.dashboard_port}/job?job={job}"
     print(f"\ndemo job {job}: rank {args.slow_rank} is slow, rank {args.hang_rank} hangs at step {args.hang_at_step}")
     print(f"job log      {services.log_path(settings, 'demo-job')}")

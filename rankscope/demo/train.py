@@ -34,6 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-from-step", type=int, default=0)
     p.add_argument("--hang-rank", type=int, default=-1)
     p.add_argument("--hang-at-step", type=int, default=-1)
+    p.add_argument("--hang-after-s", type=float, default=0.0,
+                   help="the hang rank hangs at its first step this many seconds after its first (0 = off)")
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-at-step", type=int, default=-1)
     p.add_argument("--ddp", action="store_true", help="train a small MLP under DDP instead of explicit all_reduce")
@@ -99,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     for step in itertools.count():
         if step >= args.steps and not args.min_seconds:
             break
-        if rank == args.hang_rank and step == args.hang_at_step:
+        if rank == args.hang_rank and (step == args.hang_at_step
+                                       or 0 < args.hang_after_s <= time.monotonic() - t_first):
             print(f"rank {rank}: hanging at step {step}", file=sys.stderr, flush=True)
             hang_forever()
         if rank == args.fail_rank and step == args.fail_at_step:
