@@ -143,7 +143,10 @@ class Tracer:
         # Time without a step counts from here, and a first beat goes out now: a rank killed in its
         # first second is still known to exist.
         self._step_start_ns = self.clock.wall_ns()
-        self._send_beat()
+        try:
+            self._send_beat()
+        except Exception as e:   # a transport that fails now may work later: the heartbeats go on
+            log.debug("first beat failed: %s", e)
         self._thread.start()
         if self._collectives is not None:
             threading.Thread(target=self._collective_loop, name="rankscope-collectives", daemon=True).start()

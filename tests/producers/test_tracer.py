@@ -92,6 +92,8 @@ def test_tracer_never_raises_even_with_a_broken_transport():
     tracer = Tracer(Settings(job_id="j", heartbeat_s=60), transport=Broken(), install_collective_timing=False,
                     handle_signals=False)
     tracer.step()
+    tracer.step()
+    assert tracer.current_step == 1     # still tracing: the failed sends did not turn it off
     tracer.close()
 
 
