@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from rankscope.commands import export_formats
 from rankscope.config import Settings
@@ -79,14 +80,12 @@ def write_fr_dumps(dumps: dict[int, dict], out: Path) -> list[Path]:
     return paths
 
 
-def export_fr_dumps(args: argparse.Namespace, settings: Settings) -> int:
-    """``--fr-dump``: the stored dumps of one request through :func:`write_fr_dumps`."""
-    from rankscope.storage.fr_dumps import rank_dumps, resolve_request
+def read_store(settings: Settings, read: Any) -> Any:
+    """``read(store)`` on the store (serve's endpoint while serve holds the embedded one), or the
+    exit status after printing why the store could not be read."""
     from rankscope.storage.query_endpoint import open_read_store
     from rankscope.storage.store import StoreError, StoreLocked
 
-    if not args.job:
-        return _err("--fr-dump needs --job", 2)
     try:
         store, release = open_read_store(settings.store_dsn, settings.data_dir)
     except StoreLocked as e:
@@ -95,12 +94,23 @@ def export_fr_dumps(args: argparse.Namespace, settings: Settings) -> int:
     except StoreError as e:
         return _err(str(e), 1)
     try:
-        request = resolve_request(store, args.job, args.window)
-        dumps = rank_dumps(store, args.job, request) if request else {}
+        return read(store)
     except StoreError as e:
         return _err(str(e), 1)
     finally:
         release()
+
+
+def export_fr_dumps(args: argparse.Namespace, settings: Settings) -> int:
+    """``--fr-dump``: the stored dumps of one request through :func:`write_fr_dumps`."""
+    from rankscope.storage.fr_dumps import rank_dumps, resolve_request
+    if not args.job:
+        return _err("--fr-dump needs --job", 2)
+    got = read_store(settings, lambda store: (lambda r: (r, rank_dumps(store, args.job, r) if r else {}))(
+        resolve_request(store, args.job, args.window)))
+    if isinstance(got, int):
+        return got
+    request, dumps = got
     if not dumps:
         return _err(f"no stored Flight Recorder dumps for job {args.job!r}"
                     + (f" request {args.window!r}" if args.window else "")
@@ -131,25 +141,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.limit < 0:
         return _err(f"--limit must be >= 0, got {args.limit}", 2)
 
-    from rankscope.storage.query_endpoint import open_read_store
-    from rankscope.storage.store import StoreError, StoreLocked
     from rankscope.storage.windows import MAX_EVENTS, trace_events
 
-    try:
-        store, release = open_read_store(settings.store_dsn, settings.data_dir)
-    except StoreLocked as e:
-        print(f"rankscope export: {e}\n{LOCKED_HINT}", file=sys.stderr)
-        return 1
-    except StoreError as e:
-        return _err(str(e), 1)
-    try:
+    limit = args.limit or MAX_EVENTS
+
+    def read(store: Any) -> tuple[str, Any]:
         window_id = resolve_window(store, args.job, args.window) or args.window
-        limit = args.limit or MAX_EVENTS
-        events = trace_events(store, args.job, window_id, ranks=ranks, limit=limit)
-    except StoreError as e:
-        return _err(str(e), 1)
-    finally:
-        release()
+        return window_id, trace_events(store, args.job, window_id, ranks=ranks, limit=limit)
+
+    got = read_store(settings, read)
+    if isinstance(got, int):
+        return got
+    window_id, events = got
     if events.empty:
         return _err(f"no stored trace events for job {args.job!r} window {args.window!r}"
                     + (f" ranks {ranks}" if ranks is not None else "")
