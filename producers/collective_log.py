@@ -7,10 +7,10 @@ group's last enqueued, started and completed collective, on every backend. It is
 is made: :func:`enable_recorder` sets it unless the user did, from the tracer (which ``rankscope
 run`` makes at each rank's start-up, before the script makes its process group).
 
-:class:`CollectiveLog` reads on its own thread, at each multiple of ``coll_read_s`` (2 s) of wall
+:class:`CollectiveLog` reads on its own thread, at each multiple of ``coll_read_s`` (3 s) of wall
 time (the tracer's loop), and the next beat takes what it read. A read costs 14 µs of CPU per entry
 the ring holds (measured on an idle core; ~26 µs with both cores busy training), since the dump
-builds every entry, so the ring is kept small (``coll_ring``, 64: ~1-1.7 ms a read, 0.05-0.08% of a
+builds every entry, so the ring is kept small (``coll_ring``, 64: ~1-1.7 ms a read, 0.04-0.06% of a
 core) and a user's larger ring is read as many times less often (:func:`read_period_s`). A rank
 that issues more collectives than the ring holds between two reads sends the newest ones: its
 sequence numbers show the gap, and the rules judge the collectives every rank sent. Reading at the

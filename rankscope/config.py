@@ -119,7 +119,7 @@ class Settings:
     # set by the user; 0 = no collective records) and NCCL's device timing (TORCH_NCCL_ENABLE_TIMING).
     coll_ring: int = 64
     coll_timing: bool = True
-    coll_read_s: float = 2.0   # the ring is read at each multiple of this many seconds of wall time
+    coll_read_s: float = 3.0   # the ring is read at each multiple of this many seconds of wall time
     native_reader: bool = True  # read trace windows with the C++ reader when built (rankscope build-native)
     control_enabled: bool = True
     ddp_autodetect: bool = True  # the tracer finds DDP models by itself and marks their busy time
