@@ -1,11 +1,13 @@
 """This rank's collectives, read from PyTorch's Flight Recorder off the training thread.
 
-The recorder keeps, per process group, a ring of the rank's collectives (sequence number, op,
-sizes, dtypes, when each was issued, device durations with ``TORCH_NCCL_ENABLE_TIMING``) and each
-group's last enqueued, started and completed collective, on every backend. It is on when
-``TORCH_FR_BUFFER_SIZE`` (or ``TORCH_NCCL_TRACE_BUFFER_SIZE``) is set before the first process group
-is made: :func:`enable_recorder` sets it unless the user did, from the tracer (which ``rankscope
-run`` makes at each rank's start-up, before the script makes its process group).
+The recorder keeps one ring of the rank's collectives, all process groups together (sequence
+number, op, sizes, dtypes, when each was issued, device durations with ``TORCH_NCCL_ENABLE_TIMING``)
+and each group's last enqueued, started and completed collective, on every backend. PyTorch (2.15)
+records by default, in a ring of 2,000 entries; its size is read from ``TORCH_FR_BUFFER_SIZE`` (or
+``TORCH_NCCL_TRACE_BUFFER_SIZE``) when the first process group is made: :func:`enable_recorder`
+sets it to ``coll_ring`` unless the user did, from the tracer (which ``rankscope run`` makes at
+each rank's start-up, before the script makes its process group). Recording costs the issuing
+thread ~12 µs per gloo collective, whatever the ring's size, which PyTorch pays by default.
 
 :class:`CollectiveLog` reads on its own thread, at each multiple of ``coll_read_s`` (3 s) of wall
 time (the tracer's loop), and the next beat takes what it read. A read costs 14 µs of CPU per entry

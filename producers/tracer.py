@@ -283,8 +283,9 @@ class Tracer:
 
     # Background -------------------------------------------------------------------------------
     def _collective_log(self) -> CollectiveLog | None:
-        """Switch the Flight Recorder on (unless the user configured it) and make its reader; None
-        with ``coll_ring`` 0. A process group made before this tracer has no recorder."""
+        """Size the Flight Recorder's ring (unless the user configured it) and make its reader; None
+        with ``coll_ring`` 0. A process group made before this tracer keeps PyTorch's default ring
+        (2,000 entries), too costly to read every few seconds: no collective records then."""
         if self.settings.coll_ring <= 0:
             return None
         dist = sys.modules.get("torch.distributed")
@@ -292,8 +293,9 @@ class Tracer:
         set_now = enable_recorder(os.environ, self.settings.coll_ring, self.settings.coll_timing)
         reader = CollectiveLog(self.identity.world_size)
         if made_before and set_now:
-            reader.turn_off("the process group was made before the tracer; make the Tracer first, use "
-                        "`rankscope run`, or set TORCH_FR_BUFFER_SIZE")
+            reader.turn_off("the process group was made before the tracer, with PyTorch's default ring of 2,000 "
+                            "entries, too costly to read every few seconds; make the Tracer first, use "
+                            "`rankscope run`, or set TORCH_FR_BUFFER_SIZE")
         return reader
 
     def _send(self, kind: str, body: dict[str, Any]) -> None:
