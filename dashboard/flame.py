@@ -102,6 +102,20 @@ def call_tree(events: pd.DataFrame) -> pd.DataFrame:
         full = (ROOT, *p)
         own[full] += int(s)
         calls[full] += 0 if folded else 1
+    return _tree(own, calls)
+
+
+def sampled_tree(paths: pd.Series, self_ns: pd.Series) -> pd.DataFrame:
+    """A :func:`call_tree` of sampled call paths (``"root;...;leaf"`` strings with the self time each
+    was seen innermost); ``calls`` counts nothing (samples are not calls)."""
+    own: dict[tuple[str, ...], int] = defaultdict(int)
+    for p, s in zip(paths, self_ns, strict=True):
+        if p:
+            own[(ROOT, *str(p).split(SEP))] += int(s)
+    return _tree(own, {})
+
+
+def _tree(own: dict[tuple[str, ...], int], calls: dict[tuple[str, ...], int]) -> pd.DataFrame:
     nodes: set[tuple[str, ...]] = {(ROOT,)}
     for p in own:
         nodes.update(p[:i] for i in range(1, len(p) + 1))

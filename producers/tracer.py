@@ -49,6 +49,7 @@ from rankscope.producers.ddp import DdpWatcher, mark_reducer_wait
 from rankscope.producers.hw import HardwareSampler
 from rankscope.producers.identity import RankIdentity, resolve_identity
 from rankscope.producers.native_extract import WindowReader
+from rankscope.producers.stack_sampler import StackSampler
 from rankscope.producers.stacks import MAX_FRAMES, all_thread_stacks, frame_label
 from rankscope.producers.trace_window import WindowController
 from rankscope.producers.transport import Transport
@@ -131,6 +132,16 @@ class Tracer:
                     lambda kind, body: self._send_to(hw_topic, rank_key, kind, body), self.clock).start()
             except Exception as e:
                 log.warning("rankscope: hardware sampling off: %s: %s", type(e).__name__, e)
+        # Always-on stack sampling (producers/stack_sampler.py): its own thread, PROFILES topic.
+        self._train_ident: int | None = None
+        self.stack_sampler: StackSampler | None = None
+        if self.settings.profile_hz > 0:
+            profiles_topic = Topic.PROFILES.name_for(self.settings)
+            self.stack_sampler = StackSampler(
+                self.settings.profile_hz, self.settings.profile_s,
+                lambda kind, body: self._send_to(profiles_topic, rank_key, kind, body),
+                lambda: self._train_ident, self.clock.wall_ns,
+                child_send=self._worker_sender if transport is None else None).start()
         atexit.register(self._atexit)
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -181,6 +192,8 @@ class Tracer:
                 comm = max(comm, now - ready)  # DDP: busy until the last bucket was ready
                 self._comm.ddp_ready_ns = 0
             self._step += 1
+            if self._step <= 1:
+                self._train_ident = threading.get_ident()
             rec = (self._step, start, now, min(comm, now - start))
             self._pending.append(rec)
             self._flight.append(rec)
@@ -233,6 +246,8 @@ class Tracer:
             self.windows.drain(self.settings.flush_timeout_s / 2)
             if self.hw_sampler is not None:
                 self.hw_sampler.stop()
+            if self.stack_sampler is not None:
+                self.stack_sampler.stop()
             if self._collectives is not None and not self._collectives.off_reason:
                 # The collectives since the last read, on a thread of its own: a dump can wait on a
                 # failing process group's locks, and the exit record must not.
@@ -297,6 +312,30 @@ class Tracer:
                             "entries, too costly to read every few seconds; make the Tracer first, use "
                             "`rankscope run`, or set TORCH_FR_BUFFER_SIZE")
         return reader
+
+    def _worker_sender(self) -> tuple[Any, Any] | None:
+        """In a forked DataLoader worker: a producer of its own (the parent's does not survive the
+        fork) and ``(send, close)`` for the worker's profile messages, under this rank, with the
+        worker's pid. Never raises."""
+        try:
+            transport = Transport(self.settings.bootstrap, queue_max=1000, producer_config=client_conf(self.settings),
+                                  compression=self.settings.producer_compression,
+                                  client_id=f"rankscope-{self.identity.job}-{self.identity.rank}-worker")
+        except Exception as e:
+            log.debug("no producer in the DataLoader worker: %s", e)
+            return None
+        topic = Topic.PROFILES.name_for(self.settings)
+        key = f"{self.identity.job}/{self.identity.rank}".encode()
+        pid = os.getpid()
+        seq = [0]
+
+        def send(kind: str, body: dict[str, Any]) -> None:
+            seq[0] += 1
+            env = Envelope(kind=kind, job=self.identity.job, rank=self.identity.rank, host=self.identity.host,
+                           pid=pid, seq=seq[0], sent_ns=self.clock.wall_ns(), body=body)
+            transport.send(topic, key, encode(env))
+
+        return send, lambda: transport.close(1.0)
 
     def _send(self, kind: str, body: dict[str, Any]) -> None:
         self._send_to(self._steps_topic, self._rank_key, kind, body)

@@ -120,6 +120,10 @@ class Settings:
     coll_ring: int = 64
     coll_timing: bool = True
     coll_read_s: float = 3.0   # the ring is read at each multiple of this many seconds of wall time
+    # Always-on stack sampling (producers/stack_sampler.py): samples per second (0 = off) and how
+    # often a rank sends what it sampled.
+    profile_hz: float = 20.0
+    profile_s: float = 10.0
     native_reader: bool = True  # read trace windows with the C++ reader when built (rankscope build-native)
     control_enabled: bool = True
     ddp_autodetect: bool = True  # the tracer finds DDP models by itself and marks their busy time
@@ -146,7 +150,7 @@ class Settings:
         for name in ["sink_batch_s", "sink_ranks_s", "scan_interval_s", "hang_min_s", "hang_factor", "dead_after_s",
                      "heartbeat_s", "straggler_z", "flush_timeout_s", "dashboard_refresh_s",
                      "stall_stack_factor", "stall_stack_min_s", "rebuild_horizon_s", "incident_horizon_s",
-                     "job_idle_s", "hw_send_s", "coll_read_s"]:
+                     "job_idle_s", "hw_send_s", "coll_read_s", "profile_s"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds/factor, got {getattr(self, name)!r}")
         if self.producer_compression not in PRODUCER_COMPRESSIONS:
@@ -157,6 +161,8 @@ class Settings:
                               f"'mypkg.loop:Trainer.step'), got {self.step_marker!r}")
         if self.coll_ring < 0:
             raise ConfigError(f"coll_ring must be >= 0 (0 = no collective records), got {self.coll_ring!r}")
+        if not 0 <= self.profile_hz <= 1000:
+            raise ConfigError(f"profile_hz must be in [0, 1000] (0 = off), got {self.profile_hz!r}")
         if self.hw_sample_s < 0:
             raise ConfigError(f"hw_sample_s must be >= 0 (0 = off), got {self.hw_sample_s!r}")
         if self.straggler_min_s < 0 or self.straggler_min_slow_steps < 2:

@@ -14,6 +14,7 @@ class Topic(enum.Enum):
                              # key = job/rank from v2 ranks, job from v1 ranks)
     HW = "hw"                # hardware samples (msgpack, key = job/rank)
     TRACES = "traces"        # trace-window events (msgpack, key = job/rank)
+    PROFILES = "profiles"    # each rank's sampled Python stacks, one message per interval (msgpack, key = job/rank)
     SUMMARIES = "summaries"  # per-window per-rank function summaries (msgpack, key = job)
     CONTROL = "control"      # commands to ranks (msgpack, key = job); every rank of the job reads it
     REPLIES = "replies"      # the ranks' answers: acks and flight records (msgpack, key = job); no rank

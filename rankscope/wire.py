@@ -28,7 +28,7 @@ import msgpack
 SCHEMA_VERSION = 2
 SUPPORTED_VERSIONS = frozenset({1, 2})
 # Kinds that exist only from a version on; a v1 envelope carrying one is rejected.
-KIND_SINCE = {"beat": 2, "shard": 2, "fr_dump": 2}
+KIND_SINCE = {"beat": 2, "shard": 2, "fr_dump": 2, "profile": 2}
 
 
 class WireError(ValueError):
@@ -228,6 +228,15 @@ def _checked_envelope(obj: Any) -> Envelope:
 
 
 def _validate_body(kind: str, body: dict[str, Any]) -> None:
+    typed = PROTOCOL_KINDS.get(kind)
+    if typed is not None:   # a kind whose struct and bounds live in rankscope/protocol
+        if not isinstance(body, dict):
+            raise WireError("bad_body", "body is not a map")
+        try:
+            typed(body)
+        except ValueError as e:
+            raise WireError("bad_body", str(e)) from None
+        return
     schema = BODY_SCHEMAS.get(kind)
     if schema is None:
         raise WireError("unknown_kind", repr(kind))
@@ -289,3 +298,7 @@ def split_beat(env: Envelope) -> tuple[Envelope, Envelope]:
 
 
 from rankscope import collective_records  # noqa: E402  (validates beat.coll; imports WireError from here)
+from rankscope.protocol import profile as _profile  # noqa: E402
+
+# Kinds defined in rankscope/protocol: kind -> its validate(body), which raises ValueError.
+PROTOCOL_KINDS: dict[str, Any] = {"profile": _profile.validate}

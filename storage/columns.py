@@ -32,6 +32,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "reports": ("job", "window_id", "created_ns", "body"),
     "flight_records": ("job", "rank", "ts_ns", "request_id", "reason", "host", "pid", "steps", "stacks"),
     "fr_dumps": ("job", "rank", "ts_ns", "request_id", "reason", "host", "pid", "truncated", "dump"),
+    "profile_samples": ("job", "rank", "host", "pid", "ts_ns", "interval_ns", "role", "path", "samples", "hz"),
     "trace_events": ("job", "window_id", "rank", "category", "name", "start_ns", "dur_ns", "device", "stream", "step",
                      "bytes", "attrs", "correlation", "external_id"),
     "function_summaries": ("job", "window_id", "rank", "category", "name", "count", "total_ns", "median_ns",

@@ -38,6 +38,7 @@ from rankscope.storage.rows import (
     merge_job,
     merge_rank,
     new_rank,
+    profile_columns,
     report_row,
     stats_tuples,
     steps_columns,
@@ -48,7 +49,8 @@ from rankscope.topics import Topic
 from rankscope.wire import Envelope, WireError, decode, split_beat
 
 # Kinds the sink stores; other valid kinds on its topics are counted as skipped.
-STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", "summary", "flight", "fr_dump"})
+STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", "summary", "flight", "fr_dump",
+                          "profile"})
 
 
 @dataclass
@@ -252,6 +254,8 @@ class RowBuilder:
             self._add_row(batch, "flight_records", flight_row(env))
         elif kind == "fr_dump":
             self._add_row(batch, "fr_dumps", fr_dump_row(env))
+        elif kind == "profile":
+            batch.rows += profile_columns(env, batch.table("profile_samples"))
         elif kind == "summary":
             cols = batch.table("function_summaries")
             before = cols.rows

@@ -16,6 +16,7 @@ from typing import Any
 
 from rankscope.alerts import Alert
 from rankscope.deadletter import DeadLetter
+from rankscope.protocol import profile
 from rankscope.storage.columns import (
     HI,
     HI32,
@@ -90,6 +91,22 @@ def fr_dump_row(env: Envelope) -> dict[str, Any]:
     return {"job": env.job, "rank": env.rank, "ts_ns": env.sent_ns, "request_id": b["request_id"][:200],
             "reason": b["reason"][:200], "host": env.host, "pid": env.pid, "truncated": int(b["truncated"]),
             "dump": b["dump"]}
+
+
+def profile_columns(env: Envelope, out: Columns) -> int:
+    """A ``profile`` message's call paths, one row each (``path`` "" holds a role's samples that
+    left the message's rows). Returns the rows added."""
+    try:
+        rows = profile.rows(profile.validate(env.body))
+    except ValueError as e:
+        raise InvalidMessage("bad_body", str(e)) from None
+    b = env.body
+    t0, dt, hz = b["t0_ns"], b["t1_ns"] - b["t0_ns"], float(b["hz"])
+    int_field(t0, "profile.t0_ns")
+    int_field(dt, "profile.interval")
+    for role, path, n in rows:
+        out.add_tuple((env.job, env.rank, env.host, env.pid, t0, dt, role, path, n, hz))
+    return len(rows)
 
 
 STATS_FIELDS: dict[str, Callable[[Any, str], Any]] = {

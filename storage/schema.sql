@@ -249,6 +249,29 @@ ENGINE = ReplacingMergeTree
 ORDER BY (job, request_id, rank, ts_ns)
 TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL 90 DAY
 ;
+-- Each rank's sampled Python stacks (producers/stack_sampler.py): per interval, thread role and call
+-- path ("root;...;leaf", user frames only) its sample count; path "" counts the role's samples that
+-- left the message. Seconds spent = samples / hz. A DataLoader worker's rows carry its own pid.
+CREATE TABLE IF NOT EXISTS {db}.profile_samples
+(
+    job LowCardinality(String),
+    rank Int32,
+    host LowCardinality(String),
+    pid Int32,
+    ts_ns Int64,
+    interval_ns Int64,
+    role LowCardinality(String),
+    path String CODEC(ZSTD(3)),
+    samples UInt32,
+    hz Float32,
+    ts DateTime64(3) MATERIALIZED fromUnixTimestamp64Nano(ts_ns)
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMMDD(fromUnixTimestamp64Nano(ts_ns))
+ORDER BY (job, rank, ts_ns, pid, role, path)
+TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL 14 DAY
+SETTINGS ttl_only_drop_parts = 1
+;
 -- The tool's own flight records, which a rank sends when an alert or a control message asks (last
 -- step records [step, start_ns, end_ns, comm_ns] and every thread's stack, both as JSON).
 CREATE TABLE IF NOT EXISTS {db}.flight_records

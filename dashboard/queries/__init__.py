@@ -82,6 +82,7 @@ from rankscope.sql_guard import (  # noqa: F401
     check_readonly_sql,
     readonly_settings,
 )
+from rankscope.storage.profiles import profile_rows  # noqa: F401
 from rankscope.storage.readonly import SqlResult, run_readonly  # noqa: F401
 from rankscope.storage.store import StoreError  # noqa: F401
 from rankscope.storage.windows import (  # noqa: F401

@@ -1,4 +1,5 @@
-"""Job view: rank states, per-rank step and busy time, open alerts with grouped stacks, lost time.
+"""Job view: rank states, per-rank step and busy time, open alerts with grouped stacks, lost time, and
+the ranks' sampled stacks (the profile panel: a flame graph, and one rank against its peers).
 
 The job comes from ``?job=`` (links from the fleet page) or the picker, which keeps the URL in step.
 """
@@ -10,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from rankscope.config import Settings
-from rankscope.dashboard import queries, ui
+from rankscope.dashboard import profile_panel, queries, ui
 
 TABLE_MAX_RANKS = queries.HEATMAP_MIN_RANKS
 
@@ -147,3 +148,10 @@ cfg = ui.connect()
 chosen = ui.choose_job(cfg) if cfg is not None else None
 if cfg is not None and chosen is not None:
     ui.live(cfg, partial(panel, cfg, chosen))
+    st.subheader("Profile")
+    try:
+        seen = ui.query(cfg, "ranks", job=chosen, dead_after_s=cfg.dead_after_s, slow_min_s=cfg.straggler_min_s,
+                        slow_min_steps=cfg.straggler_min_slow_steps)
+        profile_panel.render(cfg, chosen, sorted(int(r) for r in seen["rank"]) if not seen.empty else [])
+    except queries.StoreError as e:
+        st.warning(f"The store did not answer: {e}")

@@ -3,12 +3,11 @@ export a window as a Chrome/Perfetto trace, and a flame graph of its Python call
 
 from functools import partial
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
 from rankscope.config import Settings
-from rankscope.dashboard import control, flame, queries, ui
+from rankscope.dashboard import control, flame, flame_chart, queries, ui
 from rankscope.storage.chrome_trace import chrome_trace_json
 from rankscope.storage.store import StoreError
 
@@ -149,34 +148,12 @@ def window_detail(cfg: Settings, job: str) -> None:
                         help="'all ranks' adds the ranks' time together (rank-milliseconds).")
     ev = ui.query(cfg, "trace_events", job=job, window_id=wid, categories=["python"],
                   ranks=None if pick == ALL_RANKS else [int(pick)])
-    icicle_chart(flame.icicle(flame.call_tree(ev)), "rank-ms" if pick == ALL_RANKS else "ms")
+    flame_chart.icicle_chart(flame.icicle(flame.call_tree(ev)), "rank-ms" if pick == ALL_RANKS else "ms",
+                             empty="The Python events of this window have no duration.")
 
 
 def _trace_json(store, job: str, window_id: str) -> bytes:
     return chrome_trace_json(queries.trace_events(store, job, window_id), job=job, window_id=window_id)
-
-
-def icicle_chart(ice: pd.DataFrame, unit: str) -> None:
-    if ice.empty:
-        st.caption("The Python events of this window have no duration.")
-        return
-    total = float(ice["x1"].max())
-    depth = int(ice["depth"].max()) + 1
-    data = ice.assign(frames=ice["path"].map(lambda p: " → ".join(p[1:]) or "all"), y1=ice["depth"] + 1,
-                      ymid=ice["depth"] + 0.5).drop(columns=["path"])
-    y = alt.Scale(domain=[0, depth], reverse=True)
-    base = alt.Chart(data).encode(x=alt.X("x0:Q", title=unit, scale=alt.Scale(domain=[0, total], nice=False)))
-    rect = base.mark_rect(stroke="white", strokeWidth=1).encode(
-        x2="x1:Q", y=alt.Y("depth:Q", scale=y, axis=None), y2="y1:Q",
-        color=alt.Color("name:N", legend=None, scale=alt.Scale(scheme="tableau20")),
-        tooltip=[alt.Tooltip("frames:N", title="call path"), alt.Tooltip("total_ms:Q", title=f"total {unit}"),
-                 alt.Tooltip("self_ms:Q", title=f"self {unit}"), alt.Tooltip("share:Q", format=".1%"),
-                 alt.Tooltip("calls:Q")])
-    text = base.mark_text(align="left", baseline="middle", dx=3, fontSize=11, color="black").encode(
-        y=alt.Y("ymid:Q", scale=y, axis=None), text="label:N")
-    st.altair_chart(alt.layer(rect, text).properties(height=30 * depth + 20), width="stretch")
-    st.caption(f"{len(ice) - 1} frames; width = inclusive time, callees below their callers, largest first. "
-               "Frames under 0.2 % of the total are hidden.")
 
 
 st.title("Trace windows")

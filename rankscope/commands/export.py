@@ -35,6 +35,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="write the ranks' stored PyTorch Flight Recorder dumps of one request (--window: its "
                         "request id or a prefix; default the newest) into the folder --output, as "
                         "`python -m torch.distributed.flight_recorder.fr_trace FOLDER --prefix rank_` reads them")
+    p.add_argument("--profile", action="store_true",
+                   help="write the job's sampled Python stacks (all ranks, or --ranks; --from/--to in seconds since "
+                        "the epoch) into the folder --output as profile.folded, profile.speedscope.json and "
+                        "profile.pb.gz (pprof)")
+    p.add_argument("--from", dest="t_from", type=float, default=0.0, help="with --profile: from this time (s)")
+    p.add_argument("--to", dest="t_to", type=float, default=0.0, help="with --profile: until this time (s)")
+    p.add_argument("--role", default="", help="with --profile: only threads of this role (training, dataloader, "
+                                              "pin_memory, other)")
     p.set_defaults(func=run)
 
 
@@ -125,11 +133,57 @@ def export_fr_dumps(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def export_profile(args: argparse.Namespace, settings: Settings) -> int:
+    """``--profile``: the job's sampled stacks as folded stacks, speedscope and pprof."""
+    import json
+
+    from rankscope import profiles
+    from rankscope.offline.exporters import folded_stacks, speedscope
+    from rankscope.protocol.profile import ROLES
+    from rankscope.storage.profiles import profile_rows
+    from rankscope.trace_request import parse_ranks
+
+    if not args.job:
+        return _err("--profile needs --job", 2)
+    if args.role and args.role not in ROLES:
+        return _err(f"--role must be one of {', '.join(ROLES)}, got {args.role!r}", 2)
+    if args.t_from < 0 or args.t_to < 0 or (args.t_to and args.t_to <= args.t_from):
+        return _err("--from and --to are seconds since the epoch, --to after --from", 2)
+    try:
+        ranks = parse_ranks(args.ranks)
+    except ValueError as e:
+        return _err(str(e), 2)
+    t0, t1 = int(args.t_from * 1e9), int(args.t_to * 1e9)
+    got = read_store(settings, lambda store: profile_rows(store, args.job, ranks, t0, t1,
+                                                          [args.role] if args.role else None))
+    if isinstance(got, int):
+        return got
+    per_path = profiles.seconds(got)
+    per_path = per_path.groupby(["rank", "path"], as_index=False)["seconds"].sum() if not per_path.empty else per_path
+    if per_path.empty:
+        return _err(f"no stored profile samples for job {args.job!r}"
+                    + (f" ranks {ranks}" if ranks is not None else "") + " in that range", 1)
+    out = Path(args.output or f"profile-{args.job}")
+    fns = profiles.as_functions(per_path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "profile.folded").write_text(folded_stacks(fns))
+        (out / "profile.speedscope.json").write_text(json.dumps(speedscope(fns, f"rankscope {args.job}")))
+        (out / "profile.pb.gz").write_bytes(profiles.pprof(per_path, t0, max(0, t1 - t0)))
+    except OSError as e:
+        return _err(f"cannot write {out}: {e.strerror or e}", 2)
+    print(f"job {args.job}: {float(per_path['seconds'].sum()):.1f} sampled seconds of {per_path['rank'].nunique()} "
+          f"ranks written to {out}/profile.folded, profile.speedscope.json and profile.pb.gz")
+    return 0
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from rankscope.trace_request import parse_ranks
 
     if args.fr_dump:
         return export_fr_dumps(args, settings)
+    if args.profile:
+        return export_profile(args, settings)
     rc = export_formats.run_format(args, settings)
     if rc is not None:
         return rc

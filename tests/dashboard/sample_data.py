@@ -147,7 +147,30 @@ def populate(store: Store, now_ns: int | None = None) -> int:
          "dump": json.dumps({"version": "2.10", "entries": [], "pg_config": {},
                              "pg_status": {"0": {"last_enqueued_collective": FR_LAST[r], "last_started_collective": -1,
                                                  "last_completed_collective": 57}}})} for r in range(4)])
+    store.insert("profile_samples", _profiles(now))
     return now
+
+
+# Sampled stacks of llm-pretrain: every rank trains in forward/backward; the straggler, rank 1, also
+# spends seconds in PROFILE_EXTRA, which no other rank calls.
+PROFILE_EXTRA = "augment_images"
+PROFILE_MAIN = ["train.py:80 main", "train.py:50 train_step"]
+
+
+def _profiles(now: int) -> list[dict[str, Any]]:
+    rows = []
+    for r in range(4):
+        paths = {";".join([*PROFILE_MAIN, "model.py:10 forward"]): 120,
+                 ";".join([*PROFILE_MAIN, "torch/autograd/__init__.py:200 backward"]): 60,
+                 ";".join([*PROFILE_MAIN, "torch/distributed/distributed_c10d.py:2806 all_reduce"]): 20 if r == 1 else 80}
+        if r == 1:
+            paths[";".join([*PROFILE_MAIN, f"data.py:30 {PROFILE_EXTRA}"])] = 90
+        for k in range(3):
+            for path, n in paths.items():
+                rows.append({"job": HANG_JOB, "rank": r, "host": "node-a" if r < 2 else "node-b", "pid": 4000 + r,
+                             "ts_ns": now - (30 - 10 * k) * S, "interval_ns": 10 * S, "role": "training",
+                             "path": path, "samples": n, "hz": 20.0})
+    return rows
 
 
 FR_LAST = {0: 58, 1: 58, 2: 58, 3: 57}   # each rank's last enqueued collective in the sample hang

@@ -317,3 +317,23 @@ def test_incident_collectives_come_from_the_incidents_dumps(store, now):
     assert dict(zip(df["rank"], df["last_enqueued"], strict=True)) == sd.FR_LAST
     assert set(df["process_group"]) == {"0"} and set(df["last_started"]) == {-1}
     assert list(q.incident_collectives(store, ()).columns) == q.COLLECTIVE_COLUMNS
+
+
+def test_profiles_put_the_function_only_the_straggler_calls_on_top_of_its_differential(store):
+    from rankscope import profiles
+
+    per = profiles.seconds(q.profile_rows(store, sd.HANG_JOB, roles=["training"]))
+    diff = profiles.differential(per.groupby(["rank", "path"], as_index=False)["seconds"].sum(), [1])
+    assert diff.iloc[0]["function"] == f"data.py:30 {sd.PROFILE_EXTRA}" and diff.iloc[0]["added_s"] == 3 * 90 / 20
+    assert diff.iloc[-1]["function"].endswith("all_reduce")      # it waits less than its peers
+
+
+def test_job_page_profile_panel_shows_a_ranks_differential(app_env):
+    at = open_page("views/job.py", job=sd.HANG_JOB)
+    assert not at.exception, at.exception
+    rank_pick = next(s for s in at.selectbox if s.label == "Rank")
+    at = rank_pick.select("1").run()
+    assert not at.exception, at.exception
+    assert "Where rank 1 spends more than its peers' median" in page_text(at)
+    diff = next(d.value for d in at.dataframe if "added s" in d.value.columns)
+    assert diff.iloc[0]["function"] == f"data.py:30 {sd.PROFILE_EXTRA}"

@@ -64,3 +64,23 @@ def test_flight_recorder_dumps_are_kept_and_garbage_ones_refused():
             rows.add(Topic.REPLIES, fr_dump(bad), batch)
         assert e.value.reason == "bad_body"
     assert batch.rows == 1
+
+
+PROFILE = {"t0_ns": 10**18, "t1_ns": 10**18 + 10**10, "hz": 20.0, "ticks": 200, "roles": ["training", "dataloader"],
+           "names": ["train.py:1 <module>", "data.py:7 Dataset.__getitem__"], "paths": [[-1, 0], [-1, 1]],
+           "path": [0, 1], "role": [0, 1], "count": [190, 55], "other": [10, 0]}
+
+
+def test_profiles_become_one_row_per_call_path_and_garbage_ones_are_refused():
+    rows, batch = RowBuilder(), Batch(started_at=0.0)
+    rows.add(Topic.PROFILES, encode(Envelope("profile", "j", 2, "h", 77, 5, 2000, PROFILE)), batch)
+    t = batch.tables["profile_samples"].data
+    assert list(zip(t["role"], t["path"], t["samples"], strict=True)) == [
+        ("training", "train.py:1 <module>", 190), ("dataloader", "data.py:7 Dataset.__getitem__", 55),
+        ("training", "", 10)]
+    assert set(t["pid"]) == {77} and set(t["interval_ns"]) == {10**10} and set(t["ts_ns"]) == {10**18}
+    garbage = msgpack.packb({"v": 2, "kind": "profile", "job": "j", "rank": 2, "host": "h", "pid": 1, "seq": 1,
+                             "sent_ns": 1, "body": {**PROFILE, "path": [0, 5]}})
+    with pytest.raises(InvalidMessage) as e:
+        rows.add(Topic.PROFILES, garbage, batch)
+    assert e.value.reason == "bad_body" and batch.tables["profile_samples"].rows == 3

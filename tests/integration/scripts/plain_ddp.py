@@ -9,7 +9,9 @@ longer per batch;
 ``--crash-rank``/``--crash-at-step`` raise at that step; ``--kill-rank``/``--kill-at-step`` SIGKILL
 that rank's own process at that step, as the OOM killer would. ``--min-seconds`` goes on past
 ``--steps`` until that many seconds have passed; the ranks agree on the last step through an
-all_reduce. Two optimizers (one per half of the model) each step once per iteration.
+all_reduce. ``--extra-rank`` spends ``--extra-ms`` per step in a function no other rank calls;
+``--workers`` loads batches in that many DataLoader worker processes (persistent). Two optimizers
+(one per half of the model) each step once per iteration.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ class Samples(Dataset):
         return torch.randn(self.size, generator=g)
 
 
+def tokenize_captions(ms: float) -> float:
+    """Extra host work only one rank does (a function its peers never call)."""
+    t0, acc = time.perf_counter(), 0.0
+    while time.perf_counter() - t0 < ms / 1e3:
+        acc += sum(i * i for i in range(200))
+    return acc
+
+
 class StepFailed(RuntimeError):
     pass
 
@@ -69,6 +79,9 @@ def main() -> int:
     p.add_argument("--kill-rank", type=int, default=-1)
     p.add_argument("--kill-at-step", type=int, default=-1)
     p.add_argument("--min-seconds", type=float, default=0.0)
+    p.add_argument("--extra-rank", type=int, default=-1)
+    p.add_argument("--extra-ms", type=float, default=20.0)
+    p.add_argument("--workers", type=int, default=0)
     args = p.parse_args()
     if args.min_seconds < 0:
         p.error(f"--min-seconds must be >= 0, got {args.min_seconds}")
@@ -85,7 +98,8 @@ def main() -> int:
     hang_at = args.hang_at_index if rank == args.hang_rank else -1
     n = args.steps * args.batch
     slow_data_s = args.slow_data_s if rank == args.slow_data_rank else 0.0
-    loader = DataLoader(Samples(n, args.size, hang_at, args.batch, slow_data_s), batch_size=args.batch, num_workers=0)
+    loader = DataLoader(Samples(n, args.size, hang_at, args.batch, slow_data_s), batch_size=args.batch,
+                        num_workers=args.workers, persistent_workers=args.workers > 0)
     epochs = itertools.count() if args.min_seconds else range(1)
     batches = (x for _ in epochs for x in loader)
     reps = args.slow_factor if rank == args.slow_rank else 1
@@ -98,6 +112,8 @@ def main() -> int:
         if rank == args.kill_rank and step == args.kill_at_step:
             print(f"rank {rank}: SIGKILL at step {step}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if rank == args.extra_rank:
+            tokenize_captions(args.extra_ms)
         out = x
         for _ in range(reps if step >= args.slow_from_step else 1):
             out = model(out)

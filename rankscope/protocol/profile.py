@@ -1,0 +1,91 @@
+"""``profile``: one interval of a rank's sampled Python stacks, folded into call paths with counts.
+
+A rank (producers/stack_sampler.py) samples every thread's stack ``hz`` times a second and, every
+interval, sends the call paths it saw, outermost frame first, as the interned table of
+rankscope/call_paths.py (``names``, ``paths = [[parent, name_idx], ...]``) and one row per
+(call path, thread role) with its sample count. Only the most sampled paths fit; each role's
+samples left out are counted in ``other`` so totals stay exact. The sender's process is the
+envelope's ``pid`` (a DataLoader worker sends under its rank, with its own pid).
+
+Body (v2)::
+
+    {"t0_ns": int, "t1_ns": int, "hz": float, "ticks": int,
+     "roles": [str, ...],                      # thread roles, ROLES
+     "names": [str, ...], "paths": [[parent, name_idx], ...],   # parent: -1 or an earlier entry
+     "path": [int, ...], "role": [int, ...], "count": [int, ...],   # rows
+     "other": [int, ...]}                      # per role: samples not in the rows
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+# Thread roles: the thread that calls tracer.step(); a DataLoader worker process; the DataLoader's
+# pin-memory thread; any other Python thread of the process. rankscope's own threads are never sampled.
+ROLES = ("training", "dataloader", "pin_memory", "other")
+MAX_ROWS = 256            # call paths per message
+MAX_NAMES = 4096          # distinct frames per message
+MAX_NAME_CHARS = 300      # one frame's label
+MAX_DEPTH = 128           # frames per call path
+MAX_HZ = 1000.0
+BYTES_PER_S = 2048        # the wire budget per rank: a message holds at most this times its interval
+MAX_COUNT = 2**31 - 1     # samples of one row, and ticks
+
+
+class ProfileBody(msgspec.Struct, forbid_unknown_fields=False):
+    t0_ns: int
+    t1_ns: int
+    hz: float
+    ticks: int
+    roles: list[str]
+    names: list[str]
+    paths: list[list[int]]
+    path: list[int]
+    role: list[int]
+    count: list[int]
+    other: list[int]
+
+
+def validate(body: dict[str, Any]) -> ProfileBody:
+    """The body as a :class:`ProfileBody`, or ValueError saying what is wrong."""
+    try:
+        p = msgspec.convert(body, ProfileBody, strict=True)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"profile: {e}") from None
+    if not (0 < p.t0_ns <= p.t1_ns and 0 < p.hz <= MAX_HZ and p.ticks >= 0):
+        raise ValueError("profile: needs 0 < t0_ns <= t1_ns, 0 < hz <= 1000 and ticks >= 0")
+    if len(p.roles) > len(ROLES) or any(r not in ROLES for r in p.roles) or len(p.other) != len(p.roles):
+        raise ValueError(f"profile: roles must be of {ROLES}, with one 'other' count each")
+    if len(p.names) > MAX_NAMES or any(len(n) > MAX_NAME_CHARS for n in p.names):
+        raise ValueError(f"profile: at most {MAX_NAMES} names of {MAX_NAME_CHARS} characters")
+    n = len(p.path)
+    if n > MAX_ROWS or len(p.role) != n or len(p.count) != n:
+        raise ValueError(f"profile: path, role and count are rows of equal length, at most {MAX_ROWS}")
+    npaths = len(p.paths)
+    for i, parent_name in enumerate(p.paths):   # a parent comes before its callees: no cycles
+        if len(parent_name) != 2 or not -1 <= parent_name[0] < i or not 0 <= parent_name[1] < len(p.names):
+            raise ValueError("profile: paths entries are [parent (-1 at a root, else an earlier entry), name index]")
+    if any(not 0 <= x < npaths for x in p.path) or any(not 0 <= r < len(p.roles) for r in p.role):
+        raise ValueError("profile: a row names a path or role outside its table")
+    if any(not 0 < c <= MAX_COUNT for c in p.count) or any(not 0 <= c <= MAX_COUNT for c in p.other) \
+            or p.ticks > MAX_COUNT or p.t1_ns >= 2**63:
+        raise ValueError("profile: counts are positive (others not negative), at most 2**31 - 1")
+    return p
+
+
+def rows(p: ProfileBody) -> list[tuple[str, str, int]]:
+    """(role, ``"root;...;leaf"``, count) for each row, and ``(role, "", other)`` for each role's
+    samples left out, of a validated body. Raises ValueError on a call path deeper than MAX_DEPTH."""
+    from rankscope.call_paths import path_strings
+
+    strings = path_strings(p.names, p.paths, set(p.path))
+    out = []
+    for pid, r, c in zip(p.path, p.role, p.count, strict=True):
+        s = strings[pid]
+        if s.count(";") >= MAX_DEPTH:
+            raise ValueError(f"profile: a call path deeper than {MAX_DEPTH} frames")
+        out.append((p.roles[r], s, c))
+    out.extend((role, "", c) for role, c in zip(p.roles, p.other, strict=True) if c > 0)
+    return out

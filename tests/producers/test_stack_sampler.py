@@ -1,0 +1,99 @@
+"""The always-on stack sampler: real threads sampled in this process, folded into the ``profile``
+body that the decoding boundary accepts, rankscope's own threads and frames left out."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import msgpack
+
+from rankscope.producers.stack_sampler import StackFolder, StackSampler
+from rankscope.protocol.profile import MAX_ROWS, rows, validate
+from rankscope.wire import Envelope, decode, encode
+
+
+def spin_in_hot_function(stop: threading.Event) -> None:
+    while not stop.is_set():
+        sum(range(200))
+
+
+def sample(sampler: StackSampler, n: int) -> None:
+    for _ in range(n):
+        sampler.sample_once()
+        time.sleep(0.002)
+
+
+def test_a_busy_thread_shows_as_its_call_path_under_its_role_and_the_body_passes_the_boundary() -> None:
+    sent: list[tuple[str, dict]] = []
+    stop = threading.Event()
+    trainer = threading.Thread(target=spin_in_hot_function, args=(stop,), name="trainer")
+    worker = threading.Thread(target=spin_in_hot_function, args=(stop,), name="user-worker")
+    own = threading.Thread(target=spin_in_hot_function, args=(stop,), name="rankscope-heartbeat")
+    sampler = StackSampler(20.0, 10.0, lambda k, b: sent.append((k, b)), lambda: trainer.ident, time.time_ns)
+    for t in (trainer, worker, own):
+        t.start()
+    try:
+        sample(sampler, 30)
+    finally:
+        stop.set()
+        for t in (trainer, worker, own):
+            t.join()
+    sampler.flush()
+    assert [k for k, _ in sent] == ["profile"]
+    body = sent[0][1]
+    env = decode(encode(Envelope("profile", "j", 0, "h", 1, 1, time.time_ns(), body)))
+    got = rows(validate(env.body))
+    assert body["ticks"] == 30
+    label = f"producers/test_stack_sampler.py:{spin_in_hot_function.__code__.co_firstlineno} spin_in_hot_function"
+    hot = [(role, n) for role, path, n in got if label in path.split(";")]
+    # The training thread and the user's other thread, 30 samples each; the rankscope-named thread
+    # running the same code never (the sampling thread, here the test's, neither).
+    by_role: dict[str, int] = {}
+    for role, n in hot:
+        by_role[role] = by_role.get(role, 0) + n
+    assert by_role == {"other": 30, "training": 30}, got
+    assert sum(n for _, _, n in got) == 60
+    assert not any("producers/stack_sampler.py" in p for _, p, _ in got)   # rankscope's own frames left out
+
+
+def test_a_message_keeps_the_most_sampled_paths_within_its_byte_budget_and_counts_the_rest() -> None:
+    folder = StackFolder()
+    frames = []
+
+    def make(i: int):   # a distinct code object (and call path) per i
+        ns: dict = {}
+        exec(compile(f"def fn_{i}():\n    import sys\n    return sys._getframe()\n", f"/user/mod_{i}.py", "exec"), ns)
+        return ns[f"fn_{i}"]()
+
+    for i in range(600):
+        frames.append(make(i))
+    for i, f in enumerate(frames):
+        for _ in range(1 + i % 7):
+            folder.add(3, f)
+    total = folder.counts.total()
+    body = folder.take(1, 10**10, 20.0, max_bytes=20480)
+    assert body is not None and len(msgpack.packb(body)) <= 20480
+    p = validate(body)
+    assert 0 < len(p.path) <= MAX_ROWS
+    kept = sorted(p.count, reverse=True)
+    assert sum(p.count) + sum(p.other) == total           # nothing lost: the rest is "other"
+    assert min(kept) >= max(1 + i % 7 for i in range(600)) - 6   # the most sampled paths come first
+    assert folder.take(1, 2, 20.0, 20480) is None          # a fresh interval
+
+
+def test_the_sampler_thread_sends_each_interval_and_the_rest_at_stop() -> None:
+    sent: list[dict] = []
+    sampler = StackSampler(200.0, 0.2, lambda k, b: sent.append(b), lambda: None, time.time_ns).start()
+    deadline = time.monotonic() + 60
+    while len(sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    while sampler.folder.ticks == 0 and time.monotonic() < deadline:   # something sampled since the last send
+        time.sleep(0.005)
+    with sampler._lock:
+        before = len(sent)
+    sampler.stop()
+    assert before >= 2 and len(sent) in (before + 1, before + 2), sent   # the interval so far, at stop
+    assert all(b["t0_ns"] <= b["t1_ns"] for b in sent)
+    assert all(a["t1_ns"] == b["t0_ns"] for a, b in zip(sent, sent[1:], strict=False))   # intervals abut
+    assert not any(t.name == "rankscope-profile" and t.is_alive() for t in threading.enumerate())
