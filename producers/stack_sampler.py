@@ -13,8 +13,8 @@ once per code object, when an interval is sent.
   threads leave the paths (their time is the user's call that made them, :mod:`rankscope.own_frames`).
 - Roles: ``training`` (the thread that calls ``tracer.step()``, the main thread before it does),
   ``pin_memory`` (a DataLoader's pin-memory thread), ``other``; a forked DataLoader worker process
-  samples its threads as ``dataloader`` and sends under its rank with its own pid and producer.
-  Workers of a ``spawn`` DataLoader are not sampled.
+  samples its threads as ``dataloader`` and hands its intervals to the rank's process, which sends
+  them under the worker's pid. Workers of a ``spawn`` DataLoader are not sampled.
 - Contract: construction, sampling and :meth:`StackSampler.stop` never raise.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
 import weakref
@@ -148,20 +149,20 @@ def _body(ranked: list[tuple[tuple[int, tuple[str, ...]], int]], keep: int, othe
 
 
 class StackSampler:
-    """The sampling thread of one process (see the module doc). ``send(kind, body)`` queues a message
-    of this rank; ``child_send()`` makes one in a forked DataLoader worker (the parent's producer does
-    not survive a fork), or returns None."""
+    """The sampling thread of one process (see the module doc). ``send(kind, body, pid)`` queues a
+    message of this rank (``pid`` None: this process). With ``workers``, a forked DataLoader worker
+    samples too and hands each interval's body to this process through a datagram socket made
+    before the fork: the worker never makes a Kafka producer (librdkafka is not fork-safe), and a
+    full socket drops the body (counted in the parent as ``worker_drops``) rather than wait."""
 
-    def __init__(self, hz: float, interval_s: float, send: Callable[[str, dict[str, Any]], None],
-                 training_ident: Callable[[], int | None], wall_ns: Callable[[], int],
-                 child_send: Callable[[], tuple[Callable[[str, dict[str, Any]], None], Callable[[], None]] | None]
-                 | None = None) -> None:
+    def __init__(self, hz: float, interval_s: float, send: Callable[[str, dict[str, Any], int | None], None],
+                 training_ident: Callable[[], int | None], wall_ns: Callable[[], int], workers: bool = False) -> None:
         self.hz = hz
         self.interval_s = interval_s
         self._send = send
         self._training_ident = training_ident
         self._wall_ns = wall_ns
-        self._child_send = child_send
+        self._workers = workers
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()           # the folder: the sampling thread, and the last flush
@@ -172,17 +173,21 @@ class StackSampler:
         self._names_at = 0.0
         self.in_worker = False
         self.sent = 0
-        self._close_child: Callable[[], None] | None = None
+        self.worker_bodies = 0
+        self.worker_drops = 0
+        self._rx: socket.socket | None = None    # the parent's end: the workers' bodies
+        self._tx: socket.socket | None = None    # the workers' end
 
     def start(self) -> StackSampler:
         try:
-            self._t0_ns = self._wall_ns()
+            if self._workers:
+                self._rx, self._tx = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self._rx.setblocking(False)
+                self._tx.setblocking(False)
+                ref = weakref.ref(self)        # held weakly: the interpreter keeps fork handlers for good
+                os.register_at_fork(after_in_child=lambda: _after_fork(ref))
             self._thread = threading.Thread(target=self._run, name="rankscope-profile", daemon=True)
             self._thread.start()
-            if self._child_send is not None:
-                # Held weakly: the interpreter keeps fork handlers for good.
-                ref = weakref.ref(self)
-                os.register_at_fork(after_in_child=lambda: _after_fork(ref))
         except Exception as e:
             log.warning("rankscope: stack sampling off: %s: %s", type(e).__name__, e)
         return self
@@ -194,6 +199,11 @@ class StackSampler:
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join(timeout_s)
             self.flush()
+            if not self.in_worker:
+                self._forward_workers()
+                for sock in (self._rx, self._tx):
+                    if sock is not None:
+                        sock.close()
         except Exception as e:
             log.debug("stack sampler stop: %s", e)
 
@@ -204,9 +214,35 @@ class StackSampler:
             t0, self._t0_ns = self._t0_ns, now
             span_s = max((now - t0) / 1e9, self.interval_s)
             body = self.folder.take(t0, max(now, t0), self.hz, int(BYTES_PER_S * span_s))
-        if body is not None:
-            self._send("profile", body)
-            self.sent += 1
+        if body is None:
+            return
+        if self.in_worker:
+            try:
+                self._tx.send(msgpack.packb({"pid": os.getpid(), "body": body}))  # type: ignore[union-attr]
+            except OSError:
+                pass          # the parent counts what it never got from the gap in the worker's intervals
+        else:
+            self._send("profile", body, None)
+        self.sent += 1
+
+    def _forward_workers(self) -> None:
+        """Send the bodies the DataLoader workers handed over, under their pids."""
+        rx = self._rx
+        while rx is not None:
+            try:
+                data = rx.recv(1 << 20)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            try:
+                got = msgpack.unpackb(data)
+                pid, body = int(got["pid"]), got["body"]
+            except Exception:
+                self.worker_drops += 1
+                continue
+            self.worker_bodies += 1
+            self._send("profile", body, pid)
 
     def sample_once(self) -> None:
         """One sample of every thread but rankscope's own."""
@@ -250,6 +286,8 @@ class StackSampler:
         while not self._stop.wait(period):
             try:
                 self.sample_once()
+                if not self.in_worker:
+                    self._forward_workers()
                 if self._wall_ns() / 1e9 >= next_send:
                     next_send += self.interval_s
                     self.flush()
@@ -262,6 +300,9 @@ class StackSampler:
         self._lock = threading.Lock()
         self.folder = StackFolder()
         self._role_of, self._skip = {}, set()
+        if self._rx is not None:
+            self._rx.close()           # the parent's end
+            self._rx = None
         self._thread = threading.Thread(target=self._child_run, name="rankscope-profile", daemon=True)
         self._thread.start()
 
@@ -273,30 +314,21 @@ class StackSampler:
             if waited >= WORKER_WAIT_S or self._stop.wait(0.05):
                 return
             waited += 0.05
-        made = self._child_send() if self._child_send is not None else None
-        if made is None:
-            return
-        self._send, self._close_child = made
         self.in_worker = True
         self._t0_ns = self._wall_ns()
         try:
             import multiprocessing.util
 
             # A worker leaves through multiprocessing's exit path, which runs these (not atexit).
-            multiprocessing.util.Finalize(None, self._worker_exit, exitpriority=10)
+            multiprocessing.util.Finalize(None, self.stop, args=(0.5,), exitpriority=10)
         except Exception as e:
             log.debug("worker finalizer: %s", e)
         self._run()
 
-    def _worker_exit(self) -> None:
-        self.stop(0.5)
-        if self._close_child is not None:
-            self._close_child()
-
 
 def _after_fork(ref: weakref.ref[StackSampler]) -> None:
     sampler = ref()
-    if sampler is not None and sampler._thread is not None:
+    if sampler is not None and sampler._thread is not None and sampler._tx is not None:
         try:
             sampler._in_child()
         except Exception:

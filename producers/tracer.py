@@ -135,13 +135,11 @@ class Tracer:
         # Always-on stack sampling (producers/stack_sampler.py): its own thread, PROFILES topic.
         self._train_ident: int | None = None
         self.stack_sampler: StackSampler | None = None
+        self._profiles_topic = Topic.PROFILES.name_for(self.settings)
         if self.settings.profile_hz > 0:
-            profiles_topic = Topic.PROFILES.name_for(self.settings)
-            self.stack_sampler = StackSampler(
-                self.settings.profile_hz, self.settings.profile_s,
-                lambda kind, body: self._send_to(profiles_topic, rank_key, kind, body),
-                lambda: self._train_ident, self.clock.wall_ns,
-                child_send=self._worker_sender if transport is None else None).start()
+            self.stack_sampler = StackSampler(self.settings.profile_hz, self.settings.profile_s, self._send_profile,
+                                              lambda: self._train_ident, self.clock.wall_ns,
+                                              workers=transport is None).start()
         atexit.register(self._atexit)
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -313,29 +311,14 @@ class Tracer:
                             "`rankscope run`, or set TORCH_FR_BUFFER_SIZE")
         return reader
 
-    def _worker_sender(self) -> tuple[Any, Any] | None:
-        """In a forked DataLoader worker: a producer of its own (the parent's does not survive the
-        fork) and ``(send, close)`` for the worker's profile messages, under this rank, with the
-        worker's pid. Never raises."""
-        try:
-            transport = Transport(self.settings.bootstrap, queue_max=1000, producer_config=client_conf(self.settings),
-                                  compression=self.settings.producer_compression,
-                                  client_id=f"rankscope-{self.identity.job}-{self.identity.rank}-worker")
-        except Exception as e:
-            log.debug("no producer in the DataLoader worker: %s", e)
-            return None
-        topic = Topic.PROFILES.name_for(self.settings)
-        key = f"{self.identity.job}/{self.identity.rank}".encode()
-        pid = os.getpid()
-        seq = [0]
-
-        def send(kind: str, body: dict[str, Any]) -> None:
-            seq[0] += 1
-            env = Envelope(kind=kind, job=self.identity.job, rank=self.identity.rank, host=self.identity.host,
-                           pid=pid, seq=seq[0], sent_ns=self.clock.wall_ns(), body=body)
-            transport.send(topic, key, encode(env))
-
-        return send, lambda: transport.close(1.0)
+    def _send_profile(self, kind: str, body: dict[str, Any], pid: int | None) -> None:
+        """A profile of this process, or of a DataLoader worker (``pid``), on the PROFILES topic."""
+        with self._seq_lock:
+            self._seq += 1
+            seq = self._seq
+        env = Envelope(kind=kind, job=self.identity.job, rank=self.identity.rank, host=self.identity.host,
+                       pid=self.identity.pid if pid is None else pid, seq=seq, sent_ns=self.clock.wall_ns(), body=body)
+        self.transport.send(self._profiles_topic, self._rank_key, encode(env))
 
     def _send(self, kind: str, body: dict[str, Any]) -> None:
         self._send_to(self._steps_topic, self._rank_key, kind, body)

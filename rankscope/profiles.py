@@ -149,7 +149,7 @@ def pprof(per_path: pd.DataFrame, time_ns: int = 0, duration_ns: int = 0) -> byt
                                 + _int(5, line))
                 locs += _field(4, _int(1, fid) + _field(4, _int(1, fid) + _int(2, line)))
             ids.append(fid)
-        label = _int(1, rank_key) + _int(4, int(rank))   # Label{key, num}
+        label = _int(1, rank_key) + _int(3, int(rank))   # Label{key = 1, num = 3}
         body += _field(2, _packed(1, ids) + _packed(2, [int(round(float(sec) * 1e9))]) + _field(3, label))
     body += locs + funcs
     body += _int(9, time_ns) + _int(10, duration_ns) + _field(11, _int(1, s("wall")) + _int(2, s("nanoseconds")))

@@ -3,6 +3,7 @@ body that the decoding boundary accepts, rankscope's own threads and frames left
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -30,7 +31,7 @@ def test_a_busy_thread_shows_as_its_call_path_under_its_role_and_the_body_passes
     trainer = threading.Thread(target=spin_in_hot_function, args=(stop,), name="trainer")
     worker = threading.Thread(target=spin_in_hot_function, args=(stop,), name="user-worker")
     own = threading.Thread(target=spin_in_hot_function, args=(stop,), name="rankscope-heartbeat")
-    sampler = StackSampler(20.0, 10.0, lambda k, b: sent.append((k, b)), lambda: trainer.ident, time.time_ns)
+    sampler = StackSampler(20.0, 10.0, lambda k, b, pid: sent.append((k, b)), lambda: trainer.ident, time.time_ns)
     for t in (trainer, worker, own):
         t.start()
     try:
@@ -84,7 +85,7 @@ def test_a_message_keeps_the_most_sampled_paths_within_its_byte_budget_and_count
 
 def test_the_sampler_thread_sends_each_interval_and_the_rest_at_stop() -> None:
     sent: list[dict] = []
-    sampler = StackSampler(200.0, 0.2, lambda k, b: sent.append(b), lambda: None, time.time_ns).start()
+    sampler = StackSampler(200.0, 0.2, lambda k, b, pid: sent.append(b), lambda: None, time.time_ns).start()
     deadline = time.monotonic() + 60
     while len(sent) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -97,3 +98,41 @@ def test_the_sampler_thread_sends_each_interval_and_the_rest_at_stop() -> None:
     assert all(b["t0_ns"] <= b["t1_ns"] for b in sent)
     assert all(a["t1_ns"] == b["t0_ns"] for a, b in zip(sent, sent[1:], strict=False))   # intervals abut
     assert not any(t.name == "rankscope-profile" and t.is_alive() for t in threading.enumerate())
+
+
+class SlowItems:
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> int:
+        return decode_slowly(i)
+
+
+def decode_slowly(i: int) -> int:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.1:
+        pass
+    return i
+
+
+def test_forked_dataloader_workers_are_sampled_and_sent_by_the_parent_under_their_pids() -> None:
+    from torch.utils.data import DataLoader
+
+    sent: list[tuple[dict, int | None]] = []
+    sampler = StackSampler(50.0, 0.3, lambda k, b, pid: sent.append((b, pid)), lambda: None, time.time_ns,
+                           workers=True).start()
+    try:
+        got = [int(x) for x in DataLoader(SlowItems(), batch_size=None, num_workers=2,
+                                          multiprocessing_context="fork")]
+        deadline = time.monotonic() + 60     # the workers' last intervals, sent as they exit
+        while time.monotonic() < deadline and len({pid for _, pid in sent if pid is not None}) < 2:
+            time.sleep(0.05)
+    finally:
+        sampler.stop()
+    assert sorted(got) == list(range(12))
+    workers = [(b, pid) for b, pid in sent if pid is not None]
+    assert len({pid for _, pid in workers}) == 2 and all(pid != os.getpid() for _, pid in workers)
+    seen = [(role, path, n) for b, _ in workers for role, path, n in rows(validate(b))]
+    slow = sum(n for role, path, n in seen if role == "dataloader" and path.endswith(" decode_slowly"))
+    assert slow >= 10, seen                   # ~0.6 s of it in each worker, at 50 Hz
+    assert not any("decode_slowly" in path for b, pid in sent if pid is None for _, path, _ in rows(validate(b)))
