@@ -14,6 +14,7 @@ from benchmarks import (
     dashboard_queries,
     detection,
     offline_vs_hta,
+    profile_sampler,
     scale,
     tracer_overhead,
 )
@@ -21,7 +22,8 @@ from benchmarks import (
 RESULTS = Path(__file__).resolve().parent / "results"
 BENCHES = {"detection": detection.run, "tracer_overhead": tracer_overhead.run,
            "collector": collector.run, "dashboard_queries": dashboard_queries.run,
-           "offline_vs_hta": offline_vs_hta.run, "scale": scale.run, "capacity": capacity.run}
+           "offline_vs_hta": offline_vs_hta.run, "scale": scale.run, "capacity": capacity.run,
+           "profile_sampler": profile_sampler.run}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -120,6 +120,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     own_last: set[int] = set()
     tracer_threads_cpu: list[float] = []     # per "on" block: CPU s per step of the tracer's threads
     reader_cpu: list[float] = []             # ... of which its Flight Recorder reader thread
+    sampler_cpu: list[float] = []            # ... and its stack sampler thread
     collectives: list[float] = []            # collectives recorded per step
     for k in range(args.repeats):
         for mode in (("on", "off") if k % 2 == 0 else ("off", "on")):
@@ -134,7 +135,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     train_step(tracer)
                 own = _thread_ids() - before
             reader = {t.native_id for t in threading.enumerate() if t.name == "rankscope-collectives" and t.native_id}
-            own0, reader0 = _threads_cpu_s(own), _threads_cpu_s(reader)
+            sampler = {t.native_id for t in threading.enumerate() if t.name == "rankscope-profile" and t.native_id}
+            own0, reader0, sampler0 = _threads_cpu_s(own), _threads_cpu_s(reader), _threads_cpu_s(sampler)
             seq0 = _last_seq()
             b0, c0, t0 = _cpu_s(args.broker_pid), time.process_time(), time.perf_counter()
             for _ in range(args.steps):
@@ -144,6 +146,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 own_last = own
                 tracer_threads_cpu.append((_threads_cpu_s(own) - own0) / args.steps)
                 reader_cpu.append((_threads_cpu_s(reader) - reader0) / args.steps)
+                sampler_cpu.append((_threads_cpu_s(sampler) - sampler0) / args.steps)
                 collectives.append((_last_seq() - seq0) / args.steps)
             wall[mode].append((t1 - t0) / args.steps)
             cpu[mode].append((c1 - c0) / args.steps)
@@ -161,7 +164,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "overhead_ratio_of_medians": med["on"] / med["off"],
         "cpu_per_step_s": {m: statistics.median(v) for m, v in cpu.items()},
         "tracer_threads": len(own_last), "tracer_threads_cpu_per_step_s": statistics.fmean(tracer_threads_cpu),
-        "fr_reader_cpu_per_step_s": statistics.fmean(reader_cpu), "collectives_per_step": statistics.fmean(collectives),
+        "fr_reader_cpu_per_step_s": statistics.fmean(reader_cpu),
+        "profile_sampler_cpu_per_step_s": statistics.fmean(sampler_cpu), "collectives_per_step": statistics.fmean(collectives),
         "broker_cpu_per_step_s": {m: statistics.fmean(v) for m, v in broker.items()} if args.broker_pid else None,
         "threads_before": threads_before, "threads_after_close": threads_after_close}
 
