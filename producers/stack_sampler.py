@@ -15,6 +15,8 @@ once per code object, when an interval is sent.
   ``pin_memory`` (a DataLoader's pin-memory thread), ``other``; a forked DataLoader worker process
   samples its threads as ``dataloader`` and hands its intervals to the rank's process, which sends
   them under the worker's pid. Workers of a ``spawn`` DataLoader are not sampled.
+- While a trace window's torch.profiler runs (``paused``), nothing is sampled: the window records
+  every Python call itself, and the sampler keeps clear of the profiler's hooks.
 - Contract: construction, sampling and :meth:`StackSampler.stop` never raise.
 """
 
@@ -172,6 +174,7 @@ class StackSampler:
         self._skip: set[int] = set()
         self._names_at = 0.0
         self.in_worker = False
+        self.paused = False                      # while a trace window's torch.profiler runs
         self.sent = 0
         self.worker_bodies = 0
         self.worker_drops = 0
@@ -285,6 +288,9 @@ class StackSampler:
         next_send = self._wall_ns() / 1e9 + self.interval_s
         while not self._stop.wait(period):
             try:
+                leave_profiler()   # torch.profiler puts its hook on every thread when a window starts
+                if self.paused:
+                    continue
                 self.sample_once()
                 if not self.in_worker:
                     self._forward_workers()

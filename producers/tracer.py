@@ -375,6 +375,9 @@ class Tracer:
                 sampler.set_fast(active)
             except Exception:
                 pass
+        stacks = getattr(self, "stack_sampler", None)
+        if stacks is not None:
+            stacks.paused = active
 
     def _send_beat(self) -> None:
         batch, self._pending = self._pending, []

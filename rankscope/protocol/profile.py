@@ -18,9 +18,8 @@ Body (v2)::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
-
-import msgspec
 
 # Thread roles: the thread that calls tracer.step(); a DataLoader worker process; the DataLoader's
 # pin-memory thread; any other Python thread of the process. rankscope's own threads are never sampled.
@@ -34,7 +33,8 @@ BYTES_PER_S = 2048        # the wire budget per rank: a message holds at most th
 MAX_COUNT = 2**31 - 1     # samples of one row, and ticks
 
 
-class ProfileBody(msgspec.Struct, forbid_unknown_fields=False):
+@dataclass(frozen=True)
+class ProfileBody:
     t0_ns: int
     t1_ns: int
     hz: float
@@ -48,12 +48,35 @@ class ProfileBody(msgspec.Struct, forbid_unknown_fields=False):
     other: list[int]
 
 
+# Each field's type, checked exactly (a bool is not an int); lists by their items' type. Plain Python:
+# the rank side decodes with nothing but msgpack installed.
+_FIELDS: dict[str, tuple[type, type | None]] = {
+    "t0_ns": (int, None), "t1_ns": (int, None), "hz": (float, None), "ticks": (int, None),
+    "roles": (list, str), "names": (list, str), "paths": (list, list), "path": (list, int), "role": (list, int),
+    "count": (list, int), "other": (list, int)}
+
+
+def _typed(name: str, v: Any) -> bool:
+    kind, item = _FIELDS[name]
+    if kind is float:
+        return type(v) is float or type(v) is int
+    if type(v) is not kind:
+        return False
+    if item is None:
+        return True
+    if item is list:
+        return all(type(x) is list and all(type(y) is int for y in x) for x in v)
+    return all(type(x) is item for x in v)
+
+
 def validate(body: dict[str, Any]) -> ProfileBody:
     """The body as a :class:`ProfileBody`, or ValueError saying what is wrong."""
-    try:
-        p = msgspec.convert(body, ProfileBody, strict=True)
-    except msgspec.ValidationError as e:
-        raise ValueError(f"profile: {e}") from None
+    for name in _FIELDS:
+        if name not in body:
+            raise ValueError(f"profile: {name} missing")
+        if not _typed(name, body[name]):
+            raise ValueError(f"profile: {name} has the wrong type")
+    p = ProfileBody(**{name: body[name] for name in _FIELDS})
     if not (0 < p.t0_ns <= p.t1_ns and 0 < p.hz <= MAX_HZ and p.ticks >= 0):
         raise ValueError("profile: needs 0 < t0_ns <= t1_ns, 0 < hz <= 1000 and ticks >= 0")
     if len(p.roles) > len(ROLES) or any(r not in ROLES for r in p.roles) or len(p.other) != len(p.roles):

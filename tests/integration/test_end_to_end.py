@@ -76,21 +76,24 @@ def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]
     job = f"slowhang-{uuid.uuid4().hex[:6]}"
     log = work / f"{job}.log"
     reader = AlertReader(settings)
-    # The slow-rank rule judges >= straggler_min_s (10 s) of steps: the hang comes well after that
-    # (the job makes about 60 steps/s here, so step 2,400 is about 40 s in).
+    # The slow-rank rule judges >= straggler_min_s (10 s) of steps: the hang comes well after that,
+    # 40 s in, whatever the machine's speed (the job has made 8 to 60 steps/s here).
     proc = start_job(settings, job, log, "--steps", "100000", "--slow-rank", "1", "--slow-factor", "4",
-                     "--hang-rank", "3", "--hang-at-step", "2400")
+                     "--hang-rank", "3", "--hang-after-s", "40")
     try:
         diag = lambda: "job log:\n" + tail(log) + "\nprocessors log:\n" + tail(work / "processors.log")  # noqa: E731
         slow = reader.wait_for(lambda a: a.job == job and a.kind == "slow_rank" and a.status in ("open", "update"),
                                240, "slow_rank", diag)
         assert slow.ranks == [1], slow.summary
+        at = wait_until(lambda: re.search(r"rank 3: hanging at step (\d+)", log.read_text(errors="replace")), 240,
+                        "rank 3 to hang")
+        hang_step = int(at.group(1)) - 1          # its last completed step
         # The planted hang (a rank-wide stall while the slow-rank alert's trace window starts its
         # profiler on a loaded machine would be an earlier hang alert at a lower step).
         hang = reader.wait_for(lambda a: a.job == job and a.kind == "hang" and a.status in ("open", "update")
-                               and a.step >= 2399, 240, "hang", diag)
+                               and a.step >= hang_step, 240, "hang", diag)
         assert hang.ranks == [3], hang.summary
-        assert hang.step == 2399
+        assert hang.step == hang_step
         # Every rank's stack arrives with its next heartbeat; the incident is updated as they come.
         hang = reader.wait_for(lambda a: a.alert_id == hang.alert_id and a.status in ("open", "update")
                                and sorted(r for g in a.stack_groups for r in g.ranks) == [0, 1, 2, 3],
@@ -114,7 +117,7 @@ def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]
             parameters={"job": job})
 
     def planted(r: tuple) -> bool:
-        return r[0] == "slow_rank" or (r[0] == "hang" and json.loads(r[2])["step"] == 2399)
+        return r[0] == "slow_rank" or (r[0] == "hang" and json.loads(r[2])["step"] == hang_step)
 
     rows = wait_until(lambda: [r for r in stored() if r[0] == "hang" and planted(r)]
                       and [r for r in stored() if r[0] == "slow_rank"], 120, "hang and slow_rank alerts in ClickHouse")
@@ -125,7 +128,7 @@ def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]
     assert list(by_kind["slow_rank"][1]) == [1]
     n_steps = store.query_rows("SELECT count(), uniqExact(rank) FROM rankscope.steps WHERE job = {job:String}",
                                parameters={"job": job})[0]
-    assert n_steps[0] >= 4 * 2400 and n_steps[1] == 4
+    assert n_steps[0] >= 4 * (hang_step + 1) and n_steps[1] == 4
     hb_stacks = store.query_rows(
         "SELECT count() FROM rankscope.heartbeats WHERE job = {job:String} AND rank = 3 AND stacks LIKE '%hang_forever%'",
         parameters={"job": job})[0][0]

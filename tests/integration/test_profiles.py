@@ -23,7 +23,7 @@ from tests.integration.helpers import processors_and_sink, rankscope_run, stop_p
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.torchrun]
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "plain_ddp.py"
-RULES = {"RANKSCOPE_PROFILE_S": "5", "RANKSCOPE_STRAGGLER_MIN_S": "10"}
+RULES = {"RANKSCOPE_PROFILE_HZ": "20", "RANKSCOPE_PROFILE_S": "5", "RANKSCOPE_STRAGGLER_MIN_S": "10"}
 EXTRA = "tokenize_captions"
 GETITEM = "Samples.__getitem__"
 
