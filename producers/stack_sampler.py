@@ -63,7 +63,7 @@ class StackFolder:
         self._labels: dict[int, str | None] = {}  # id -> user frame label, None for an own frame
 
     def add(self, role: int, frame: Any) -> None:
-        ids = []
+        ids: list[int] = []
         codes = self._codes
         f = frame
         while f is not None and len(ids) < 4 * MAX_DEPTH:

@@ -19,7 +19,7 @@ Body (v2)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 # Thread roles: the thread that calls tracer.step(); a DataLoader worker process; the DataLoader's
 # pin-memory thread; any other Python thread of the process. rankscope's own threads are never sampled.
@@ -64,9 +64,10 @@ def _typed(name: str, v: Any) -> bool:
         return False
     if item is None:
         return True
+    items = cast(list[Any], v)
     if item is list:
-        return all(type(x) is list and all(type(y) is int for y in x) for x in v)
-    return all(type(x) is item for x in v)
+        return all(type(x) is list and all(type(y) is int for y in x) for x in items)
+    return all(type(x) is item for x in items)
 
 
 def validate(body: dict[str, Any]) -> ProfileBody:
