@@ -31,22 +31,30 @@ def leaf(path: str) -> str:
     return path.rsplit(SEP, 1)[-1]
 
 
+def _against_peers(long: pd.DataFrame, key: str, target: set[int] | list[int]) -> pd.DataFrame | None:
+    """Per ``key``: the target ranks' mean seconds, the other ranks' median (0 where a rank never had
+    it) and the difference (``key``, target_s, peers_median_s, added_s); None without a target rank."""
+    if long.empty:
+        return None
+    wide = long.pivot_table(index=key, columns="rank", values="seconds", aggfunc="sum", fill_value=0.0)
+    mine = [r for r in wide.columns if r in set(target)]
+    peers = [r for r in wide.columns if r not in set(target)]
+    if not mine:
+        return None
+    out = pd.DataFrame({key: list(wide.index), "target_s": wide[mine].mean(axis=1).to_numpy(),
+                        "peers_median_s": wide[peers].median(axis=1).to_numpy() if peers else 0.0})
+    out["added_s"] = out["target_s"] - out["peers_median_s"]
+    return out
+
+
 def differential(per_path: pd.DataFrame, target: set[int] | list[int]) -> pd.DataFrame:
     """Where the ``target`` ranks spend more than their peers: per call path, the targets' mean self
     seconds, the peers' median (a peer that never had the path counts 0) and the difference,
     largest first. ``per_path``: rank, path, seconds (roles summed or filtered by the caller)."""
-    if per_path.empty:
+    out = _against_peers(per_path, "path", target)
+    if out is None:
         return pd.DataFrame(columns=DIFF_COLUMNS)
-    wide = per_path.pivot_table(index="path", columns="rank", values="seconds", aggfunc="sum", fill_value=0.0)
-    mine = [r for r in wide.columns if r in set(target)]
-    peers = [r for r in wide.columns if r not in set(target)]
-    if not mine:
-        return pd.DataFrame(columns=DIFF_COLUMNS)
-    out = pd.DataFrame({"path": wide.index,
-                        "target_s": wide[mine].mean(axis=1).to_numpy(),
-                        "peers_median_s": wide[peers].median(axis=1).to_numpy() if peers else 0.0})
-    out = out[out["path"] != OTHER]
-    out["added_s"] = out["target_s"] - out["peers_median_s"]
+    out = out[out["path"] != OTHER].copy()
     out["function"] = out["path"].map(leaf)
     return out.sort_values(["added_s", "path"], ascending=[False, True])[DIFF_COLUMNS].reset_index(drop=True)
 
@@ -67,18 +75,10 @@ def inclusive(per_path: pd.DataFrame) -> pd.DataFrame:
 def differential_nodes(per_path: pd.DataFrame, target: set[int] | list[int]) -> pd.DataFrame:
     """Per call-path prefix (a flame graph's node): the targets' mean inclusive seconds, the peers'
     median (0 where a peer never had it) and the difference: node, target_s, peers_median_s, added_s."""
-    inc = inclusive(per_path)
     cols = ["node", "target_s", "peers_median_s", "added_s"]
-    if inc.empty:
+    out = _against_peers(inclusive(per_path), "node", target)
+    if out is None:
         return pd.DataFrame(columns=cols)
-    wide = inc.pivot_table(index="node", columns="rank", values="seconds", aggfunc="sum", fill_value=0.0)
-    mine = [r for r in wide.columns if r in set(target)]
-    peers = [r for r in wide.columns if r not in set(target)]
-    if not mine:
-        return pd.DataFrame(columns=cols)
-    out = pd.DataFrame({"node": list(wide.index), "target_s": wide[mine].mean(axis=1).to_numpy(),
-                        "peers_median_s": wide[peers].median(axis=1).to_numpy() if peers else 0.0})
-    out["added_s"] = out["target_s"] - out["peers_median_s"]
     return out[cols]
 
 
