@@ -19,21 +19,16 @@ def profile_rows(store: Store, job: str, ranks: list[int] | None = None, t0_ns: 
     (0: open), summed over intervals: :data:`ROW_COLUMNS`."""
     where = ["job = {job:String}"]
     params: dict[str, object] = {"job": job}
-    if ranks is not None:
-        where.append("rank IN {ranks:Array(Int32)}")
-        params["ranks"] = list(ranks)
-    if roles:
-        where.append("role IN {roles:Array(String)}")
-        params["roles"] = list(roles)
-    if hosts:
-        where.append("host IN {hosts:Array(String)}")
-        params["hosts"] = list(hosts)
-    if t0_ns:
-        where.append("ts_ns >= {t0:Int64}")
-        params["t0"] = int(t0_ns)
-    if t1_ns:
-        where.append("ts_ns < {t1:Int64}")
-        params["t1"] = int(t1_ns)
+    # (condition, parameter name, value): a filter applies when its value is given.
+    filters = (("rank IN {ranks:Array(Int32)}", "ranks", None if ranks is None else list(ranks)),
+               ("role IN {roles:Array(String)}", "roles", list(roles) if roles else None),
+               ("host IN {hosts:Array(String)}", "hosts", list(hosts) if hosts else None),
+               ("ts_ns >= {t0:Int64}", "t0", int(t0_ns) or None),
+               ("ts_ns < {t1:Int64}", "t1", int(t1_ns) or None))
+    for condition, name, value in filters:
+        if value is not None:
+            where.append(condition)
+            params[name] = value
     sql = f"""
         SELECT rank, role, path, sum(samples), any(hz)
         FROM {store.database}.profile_samples FINAL WHERE {' AND '.join(where)}

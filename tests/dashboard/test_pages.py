@@ -337,3 +337,12 @@ def test_job_page_profile_panel_shows_a_ranks_differential(app_env):
     assert "Where rank 1 spends more than its peers' median" in page_text(at)
     diff = next(d.value for d in at.dataframe if "added s" in d.value.columns)
     assert diff.iloc[0]["function"] == f"data.py:30 {sd.PROFILE_EXTRA}"
+
+
+def test_profile_rows_filter_by_rank_role_host_and_time(store, now):
+    rows = q.profile_rows(store, sd.HANG_JOB, ranks=[1], roles=["training"], hosts=["node-a"])
+    assert set(rows["rank"]) == {1} and set(rows["role"]) == {"training"}
+    assert q.profile_rows(store, sd.HANG_JOB, hosts=["node-b"])["rank"].isin([2, 3]).all()
+    assert q.profile_rows(store, sd.HANG_JOB, t0_ns=now).empty               # every interval started before
+    assert not q.profile_rows(store, sd.HANG_JOB, t0_ns=now - 15 * sd.S, t1_ns=now).empty
+    assert q.profile_rows(store, sd.HANG_JOB, roles=["dataloader"]).empty
