@@ -132,7 +132,7 @@ class Tracer:
                     lambda kind, body: self._send_to(hw_topic, rank_key, kind, body), self.clock).start()
             except Exception as e:
                 log.warning("rankscope: hardware sampling off: %s: %s", type(e).__name__, e)
-        # Always-on stack sampling (producers/stack_sampler.py): its own thread, PROFILES topic.
+        # Stack sampling (producers/stack_sampler.py, with profile_hz > 0): its own thread, PROFILES topic.
         self._train_ident: int | None = None
         self.stack_sampler: StackSampler | None = None
         self._profiles_topic = Topic.PROFILES.name_for(self.settings)
