@@ -1,12 +1,13 @@
 """This rank's collectives, read from PyTorch's Flight Recorder off the training thread.
 
-The recorder keeps one ring of the rank's collectives, all process groups together (sequence
-number, op, sizes, dtypes, when each was issued, device durations with ``TORCH_NCCL_ENABLE_TIMING``)
-and each group's last enqueued, started and completed collective, on every backend. PyTorch (2.15)
-records by default, in a ring of 2,000 entries; its size is read from ``TORCH_FR_BUFFER_SIZE`` (or
-``TORCH_NCCL_TRACE_BUFFER_SIZE``) when the first process group is made: :func:`enable_recorder`
-sets it to ``coll_ring`` unless the user did, from the tracer (which ``rankscope run`` makes at
-each rank's start-up, before the script makes its process group). Recording costs the issuing
+PyTorch's recorders keep rings of the rank's collectives (sequence number, op, sizes, dtypes, when
+each was issued, device durations with ``TORCH_NCCL_ENABLE_TIMING``) and each group's last enqueued,
+started and completed collective, on every backend: one for gloo and other CPU backends, and
+ProcessGroupNCCL's own (:data:`RECORDERS`); both are read. PyTorch (2.15) records by default, in
+rings of 2,000 entries; their size is read from ``TORCH_FR_BUFFER_SIZE`` or
+``TORCH_NCCL_TRACE_BUFFER_SIZE`` (deprecated) when the first process group is made:
+:func:`enable_recorder` sets the first to ``coll_ring`` unless the user set one, from the tracer (which ``rankscope run`` makes
+at each rank's start-up, before the script makes its process group). Recording costs the issuing
 thread ~12 µs per gloo collective, whatever the ring's size, which PyTorch pays by default.
 
 :class:`CollectiveLog` reads on its own thread, at each multiple of ``coll_read_s`` (3 s) of wall
@@ -61,19 +62,92 @@ def read_period_s(env: MutableMapping[str, str] | dict[str, str], ring: int, per
     return period_s * max(1, -(-user // max(ring, 1)))
 
 
-def _dump() -> dict[str, Any] | None:
-    """The recorder's dump (collectives, no stacks), or None when this torch has no recorder."""
-    from torch._C._distributed_c10d import _dump_fr_trace
+# PyTorch keeps two recorders: the generic one (gloo and other CPU backends; ``_dump_fr_trace``)
+# and ProcessGroupNCCL's own, timed with CUDA events (``_dump_nccl_trace``). A job's collectives can be
+# in either or both (an NCCL training group beside a gloo group for host-side metadata).
+RECORDERS = ("_dump_fr_trace", "_dump_nccl_trace")
 
-    return pickle.loads(_dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+
+def _recorders(suffix: str = "") -> list[Any]:
+    """The dump functions of this torch's recorders (with ``suffix`` "_json", their JSON forms). The
+    NCCL recorder is read only once CUDA is initialised: an NCCL collective needs CUDA, and a CPU
+    job's reads must not touch it."""
+    from torch._C import _distributed_c10d as c10d
+
+    fns = []
+    for name in RECORDERS:
+        fn = getattr(c10d, name + suffix, None)
+        if fn is not None and (name != "_dump_nccl_trace" or _cuda_initialized()):
+            fns.append(fn)
+    return fns
+
+
+def _cuda_initialized() -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def _dump() -> dict[str, Any] | None:
+    """Every recorder's dump (collectives, no stacks) as one (:func:`merge_dumps`), or None when this
+    torch has no recorder."""
+    fns = _recorders()
+    if not fns:
+        return None
+    return merge_dumps([pickle.loads(fn(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+                        for fn in fns])
+
+
+def merge_dumps(dumps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several recorders' dumps as one: each entry tagged with its recorder (``source``, the index in
+    ``dumps``: record ids count per recorder), an entry two recorders both hold kept once, and each
+    group's status and configuration from the recorder that holds the group."""
+    if len(dumps) == 1:
+        return dumps[0]
+    out: dict[str, Any] = {"entries": [], "pg_status": {}, "pg_config": {}}
+    seen: set[tuple[Any, ...]] = set()
+    for source, dump in enumerate(dumps):
+        for k, v in dump.items():
+            if k not in out:
+                out[k] = v
+        for e in dump.get("entries") or []:
+            key = (str(e.get("process_group")), e.get("collective_seq_id"), e.get("p2p_seq_id"),
+                   e.get("time_created_ns"), e.get("profiling_name"))
+            if key in seen:
+                continue
+            seen.add(key)
+            e["source"] = source
+            out["entries"].append(e)
+        for field in ("pg_status", "pg_config"):
+            for name, value in (dump.get(field) or {}).items():
+                if name not in out[field] or (field == "pg_status" and _last(value) > _last(out[field][name])):
+                    out[field][name] = value
+    return out
 
 
 def full_dump_json() -> str:
-    """Every entry the recorder holds, with stacks where it has them, as the analyzer's JSON."""
-    from torch._C._distributed_c10d import _dump_fr_trace_json
+    """Every entry the recorders hold, with stacks where they have them, as the analyzer's JSON: one
+    recorder's dump as PyTorch writes it, or, when both hold entries, the two merged."""
+    import json
 
-    out = _dump_fr_trace_json(includeCollectives=True, onlyActive=False)
-    return out.decode() if isinstance(out, bytes) else str(out)
+    texts = []
+    for fn in _recorders("_json"):
+        out = fn(includeCollectives=True, onlyActive=False)
+        texts.append(out.decode() if isinstance(out, bytes) else str(out))
+    if not texts:
+        raise RuntimeError("this torch has no Flight Recorder")
+    dumps = [json.loads(t) for t in texts]
+    holding = [i for i, d in enumerate(dumps) if d.get("entries")]
+    if len(holding) < 2:
+        return texts[holding[0] if holding else 0]
+    merged = merge_dumps([dumps[i] for i in holding])
+    for e in merged["entries"]:
+        e.pop("source", None)
+    return json.dumps(merged)
 
 
 # The recorder's dtype names (c10 ScalarType) as torch spells them.
@@ -119,7 +193,7 @@ class CollectiveLog:
         self.world_size = world_size
         self._dump = dump or _dump
         self._ready = ready or _process_group_ready
-        self._last_record = -1
+        self._last_record: dict[int, int] = {}   # per recorder (an entry's ``source``)
         self.off_reason = ""        # why nothing is read ("" while reading)
         self.gaps = 0               # collectives that left the ring before they were read
         self._pending: list[dict[str, Any]] | None = None
@@ -178,15 +252,15 @@ class CollectiveLog:
             return None
         status = dump.get("pg_status") or {}
         groups: dict[str, dict[str, Any]] = {}
-        newest = self._last_record
-        first_new = None
+        newest = dict(self._last_record)
+        first_new: dict[int, int] = {}
         for e in entries:
-            rid = _int(e.get("record_id"))
-            if rid <= self._last_record or e.get("is_p2p"):
-                newest = max(newest, rid)
+            rid, source = _int(e.get("record_id")), _int(e.get("source"), 0)
+            last = self._last_record.get(source, -1)
+            newest[source] = max(newest.get(source, -1), rid)
+            if rid <= last or e.get("is_p2p"):
                 continue
-            newest = max(newest, rid)
-            first_new = rid if first_new is None else min(first_new, rid)
+            first_new[source] = min(first_new.get(source, rid), rid)
             pg = e.get("process_group") or ("", "")
             name, desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
             g = groups.get(name)
@@ -209,8 +283,10 @@ class CollectiveLog:
             g["op"].append(idx)
             g["reach_ns"].append(_int(e.get("time_created_ns"), 0))
             g["dur_ns"].append(int(float(dur) * 1e6) if isinstance(dur, (int, float)) and dur >= 0 else -1)
-        if first_new is not None and self._last_record >= 0 and first_new > self._last_record + 1:
-            self.gaps += first_new - self._last_record - 1
+        for source, first in first_new.items():
+            last = self._last_record.get(source, -1)
+            if last >= 0 and first > last + 1:
+                self.gaps += first - last - 1
         self._last_record = newest
         for name, st in status.items():   # groups with no new collective still report their state
             if name not in groups and len(groups) < MAX_GROUPS:

@@ -98,7 +98,8 @@ class HardwareSampler:
         self.samples = 0
         self.messages = 0
         self.send_errors = 0
-        self.gpu_ns = 0
+        self.gpu_ns = 0              # wall time in NVML (much of it waiting on the driver)
+        self.gpu_cpu_ns = 0          # this thread's CPU in it
         self.gpu_samples = 0
         self.host_ns = 0
         self.host_samples = 0
@@ -150,9 +151,10 @@ class HardwareSampler:
             ts = self.clock.wall_ns()
             rows: list[tuple[int, int, dict[str, Any]]] = []
             if self.gpu is not None:
-                t0 = time.perf_counter_ns()
+                t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
                 g = self.gpu.sample(now)
                 self.gpu_ns += time.perf_counter_ns() - t0
+                self.gpu_cpu_ns += time.thread_time_ns() - c0
                 self.gpu_samples += 1
                 if g:
                     rows.append((ts, self.gpu.index, g))
@@ -219,6 +221,8 @@ class HardwareSampler:
     def stats(self) -> dict[str, Any]:
         return {"samples": self.samples, "messages": self.messages, "send_errors": self.send_errors,
                 "gpu_us_per_sample": round(self.gpu_ns / 1e3 / self.gpu_samples, 2) if self.gpu_samples else None,
+                "gpu_cpu_us_per_sample": (round(self.gpu_cpu_ns / 1e3 / self.gpu_samples, 2) if self.gpu_samples
+                                          else None),
                 "host_us_per_sample": round(self.host_ns / 1e3 / self.host_samples, 2) if self.host_samples else None,
                 "gpu_index": self.gpu_index, "host": self.host is not None, "fast": self._fast}
 

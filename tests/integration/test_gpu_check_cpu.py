@@ -35,3 +35,26 @@ def test_gpu_check_runs_the_whole_pipeline_on_the_cpu(tmp_path: Path):
     assert coll["collectives"] > 0 and coll["timed"] == 0 and any(op.startswith("all_reduce") for op in coll["ops"])
     assert coll["last_state"]["0"][0] >= 5 * 80          # five gradient all-reduces a step, all enqueued
     assert len(result["fr_dumps"]) == 1 and result["fr_dumps"][0][1] > 100
+
+
+def test_a_recorded_h200_run_replays_through_the_real_pipeline(tmp_path: Path):
+    """A real GPU rank's messages (one NCCL rank on an H200, torch 2.11, recorded with ``--record`` on a
+    lent GPU machine) through a real broker, the sink and chDB here: GPU and GPM samples, the NCCL
+    collectives with device durations, the NCCL Flight Recorder dump, and a trace window with kernels,
+    host-to-device copies and CUDA runtime calls (torch 2.11's events read through FunctionEvents)."""
+    out = tmp_path / "replay.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_") or k == "RANKSCOPE_CACHE_DIR"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--replay",
+                           str(ROOT / "tests" / "data" / "gpu_check_h200_torch211"), "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["ok"] and result["recorded_on"] == "cuda" and result["gpu"]["name"] == "NVIDIA H200"
+    assert result["tables"]["steps"] == 300
+    gpu_metrics = {r["metric"] for r in result["hw_samples"] if r["device"] == 0}
+    assert {"gpu_util", "power_w", "gpm_sm_active_pct", "gpm_dram_bw_pct"} <= gpu_metrics
+    cats = result["trace"]["categories"]
+    assert all(cats[c]["events"] > 0 for c in ("kernel", "memcpy", "runtime", "collective"))
+    [window] = result["trace"]["windows"]
+    assert window["status"] == "complete" and window["steps"][1] - window["steps"][0] + 1 == 10
+    assert result["collectives_sent"]["timed"] > 0 and result["fr_dumps"][0][1] > 10_000

@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 from rankscope.collective_records import MAX_RECORDS, validate
-from rankscope.producers.collective_log import CollectiveLog, enable_recorder, merge
+from rankscope.producers.collective_log import CollectiveLog, enable_recorder, merge, merge_dumps
 from tests.fr_dumps import ModelledJob
 
 
@@ -117,6 +117,37 @@ SCRIPT = textwrap.dedent('''
     print(json.dumps(log.read()))
     dist.destroy_process_group()
 ''')
+
+
+def test_both_recorders_are_read_each_with_its_own_record_ids() -> None:
+    """An NCCL training group (ProcessGroupNCCL's recorder) beside a gloo group (the generic one): the
+    two rings number their records independently, so a record id already read in one must not hide
+    the other's entries; an entry both recorders hold is sent once."""
+    nccl = ModelledJob(compute_ns={r: 5_000_000 for r in range(4)})
+    for s in range(3):
+        nccl.run_step(s)
+
+    def gloo_dump(n: int) -> dict:
+        return {"entries": [{"record_id": i, "process_group": ["7", "gloo_meta"], "collective_seq_id": i + 1,
+                             "profiling_name": "gloo:broadcast", "input_sizes": [[4]], "input_dtypes": ["Long"],
+                             "time_created_ns": 1_700_000_000_000_000_000 + i} for i in range(n)],
+                "pg_status": {"7": {"last_enqueued_collective": n, "last_started_collective": -1,
+                                    "last_completed_collective": n}}}
+
+    calls = {"gloo": 1}
+    log = CollectiveLog(4, dump=lambda: merge_dumps([gloo_dump(calls["gloo"]), nccl.dump(0, 128)]),
+                        ready=lambda: True)
+    groups = {g["pg"]: g for g in log.read() or []}
+    validate(list(groups.values()))
+    assert groups["7"]["seq"] == [1] and groups["7"]["last"] == [1, -1, 1]
+    assert groups["0"]["seq"] == [1, 2, 3] and all(d > 0 for d in groups["0"]["dur_ns"])
+    calls["gloo"] = 2
+    nccl.run_step(3)
+    again = {g["pg"]: g for g in log.read() or []}
+    assert again["7"]["seq"] == [2] and again["0"]["seq"] == [4] and log.gaps == 0
+    same = nccl.dump(0, 128)
+    merged = merge_dumps([same, nccl.dump(0, 128)])
+    assert len(merged["entries"]) == len(same["entries"])   # one recorder read twice: nothing doubled
 
 
 def test_a_real_gloo_group_is_read(tmp_path) -> None:

@@ -446,3 +446,79 @@ def test_compact_call_paths_expand_to_the_plain_summary(window: dict[str, Any]) 
     dropped = summarize(col, python_min_frac=0.05, compact_paths=True)   # the table keeps only what is used
     assert len(dropped["call_paths"]["paths"]) < len(compact["call_paths"]["paths"])
     assert expand_call_paths(dropped) == summarize(col, python_min_frac=0.05)
+
+
+class _OldKinetoEvent:
+    """A KinetoEvent as torch before 2.13 exposes it: no activity type, no Python ids."""
+
+    def __init__(self, e: Any) -> None:
+        self._e = e
+
+    def name(self) -> str:
+        return str(self._e.name())
+
+
+class _OldTorchProfiler:
+    """A stopped profiler whose KinetoEvents are of the older shape; ``events()`` is torch's own."""
+
+    def __init__(self, prof: Any) -> None:
+        real = prof.profiler.kineto_results
+        self.events = prof.events
+        self.profiler = type("P", (), {"kineto_results": type("R", (), {
+            "events": staticmethod(lambda: [_OldKinetoEvent(e) for e in real.events()]),
+            "trace_start_ns": staticmethod(real.trace_start_ns)})()})()
+
+
+def test_an_older_torchs_events_are_read_through_function_events(window: dict[str, Any]) -> None:
+    """Seen on a lent GPU (torch 2.11): KinetoEvent had no ``activity_type`` and every window failed.
+    Such a torch's window is read from ``prof.events()``: the same ops at the same wall times."""
+    old = extract_raw(_OldTorchProfiler(window["prof"]))
+    col_old, col_new = to_columnar(old, "w-old", FIRST_STEP), window["col"]
+
+    def op_starts(col: dict[str, Any]) -> dict[str, list[int]]:
+        ev, out = col["events"], defaultdict(list)
+        for i in np.flatnonzero(ev["category"] == 4):
+            out[col["names"][int(ev["name"][i])]].append(int(ev["start_ns"][i]))
+        return {k: sorted(v) for k, v in out.items()}
+
+    a, b = op_starts(col_old), op_starts(col_new)
+    assert len(old) > 100 and "aten::addmm" in a
+    for name in ("aten::addmm", "aten::mm"):
+        assert len(a[name]) == len(b[name])
+        assert max(abs(x - y) for x, y in zip(a[name], b[name], strict=True)) <= 1_000   # µs rounding
+    w0, w1 = window["wall"]
+    assert w0 <= col_old["events"]["start_ns"].min() <= col_old["events"]["start_ns"].max() <= w1
+
+
+def test_an_older_torchs_function_events_are_typed_by_name() -> None:
+    """torch 2.11's FunctionEvents on a GPU (seen on a lent H200): no activity type, every step named
+    ``ProfilerStep*``, runtime calls and copies told apart only by name."""
+    from types import SimpleNamespace
+
+    from rankscope.producers.trace_extract import RawEvents, _from_function_events
+
+    def fe(name: str, start_us: float, dur_us: float, device: str = "CPU", **kw: Any) -> Any:
+        return SimpleNamespace(name=name, device_type=SimpleNamespace(name=device), id=1, device_index=0,
+                               device_resource_id=7, linked_correlation_id=0,
+                               time_range=SimpleNamespace(start=start_us, elapsed_us=lambda d=dur_us: d), **kw)
+
+    events = _from_function_events([
+        fe("ProfilerStep*", 100.0, 50.0, is_user_annotation=True), fe("ProfilerStep*", 0.0, 90.0, is_user_annotation=True),
+        fe("aten::mm", 1.0, 5.0), fe("cudaLaunchKernel", 2.0, 1.0), fe("cuMemcpyHtoDAsync_v2", 3.0, 1.0),
+        fe("Memcpy HtoD (Pinned -> Device)", 4.0, 2.0, device="CUDA"), fe("Memset (Device)", 5.0, 1.0, device="CUDA"),
+        fe("ampere_sgemm_128x64_tn", 6.0, 9.0, device="CUDA"),
+        fe("ProfilerStep*", 2.0, 60.0, device="CUDA", is_user_annotation=True)], base_ns=10**18)
+    by_name = {e["name"]: e for e in events}
+    # The host's steps are numbered in order; the device's copy of a step's range is no step of its own.
+    assert [e["name"] for e in events if e["name"].startswith("ProfilerStep")] == [
+        "ProfilerStep#0", "ProfilerStep*", "ProfilerStep#1"]
+    assert by_name["ProfilerStep#1"]["start_ns"] == 10**18 + 100_000
+    assert {n: by_name[n]["type"] for n in ("aten::mm", "cudaLaunchKernel", "cuMemcpyHtoDAsync_v2",
+                                            "Memcpy HtoD (Pinned -> Device)", "Memset (Device)",
+                                            "ampere_sgemm_128x64_tn")} == {
+        "aten::mm": "cpu_op", "cudaLaunchKernel": "cuda_runtime", "cuMemcpyHtoDAsync_v2": "cuda_runtime",
+        "Memcpy HtoD (Pinned -> Device)": "gpu_memcpy", "Memset (Device)": "gpu_memset",
+        "ampere_sgemm_128x64_tn": "kernel"}
+    col = to_columnar(RawEvents.from_dicts(events), "w-old", FIRST_STEP)
+    cats = {CATEGORIES[c] for c in col["events"]["category"].tolist()}
+    assert {"runtime", "memcpy", "memset", "kernel", "cpu_op"} <= cats
