@@ -69,23 +69,40 @@ def silent_after_s(settings: Settings) -> float:
 
 
 def silent_ranks(rows: Iterable[Row], first_failure_ns: int, now_s: float, settings: Settings,
-                 frontier_s: Mapping[int, float] | None = None) -> tuple[list[Failure], bool]:
+                 frontier_s: Mapping[int, float] | None = None) -> tuple[list[Failure], bool, list[Failure]]:
     """The ranks that went silent before the first failure on record, as :class:`Failure` records
-    (reason :data:`SILENT`, time = their last message), and whether some rank may still turn out
-    silent: its last message also precedes the first failure, but for less than :func:`silent_after_s`.
-    Silence is judged at each rank's shard frontier (``frontier_s``, as the dead-rank rule does)
-    when given: a rank whose partition is read late is not taken for silent."""
-    silent, pending = [], False
+    (reason :data:`SILENT`, time = their last message); whether some rank may still turn out
+    silent before it (its last message also precedes the first failure, but for less than
+    :func:`silent_after_s`); and the ranks that went silent after it (peers the launcher killed
+    before their exit record was out: followers, never culprits). Silence is judged at each rank's
+    shard frontier (``frontier_s``, as the dead-rank rule does) when given: a rank whose partition is
+    read late is not taken for silent."""
+    silent, pending, later = [], False, []
     frontier = frontier_s or {}
     for r in rows:
-        if r.exit_reason or r.hb_ns <= 0 or r.hb_ns > first_failure_ns:
+        if r.exit_reason or r.hb_ns <= 0:
             continue
-        if min(now_s, frontier.get(r.rank, now_s)) - r.hb_ns / 1e9 > silent_after_s(settings):
-            silent.append(Failure(rank=r.rank, host=r.host, pid=r.pid, exit_ns=r.hb_ns, step=r.last_step,
-                                  reason=SILENT, exc_type="", detail=SILENT_DETAIL, frames=[]))
+        gone = min(now_s, frontier.get(r.rank, now_s)) - r.hb_ns / 1e9 > silent_after_s(settings)
+        if r.hb_ns > first_failure_ns:
+            if gone and first_failure_ns:
+                later.append(_silent(r))
+        elif gone:
+            silent.append(_silent(r))
         else:
             pending = True
-    return silent, pending
+    return silent, pending, later
+
+
+def _silent(r: Row) -> Failure:
+    return Failure(rank=r.rank, host=r.host, pid=r.pid, exit_ns=r.hb_ns, step=r.last_step, reason=SILENT,
+                   exc_type="", detail=SILENT_DETAIL, frames=[])
+
+
+def explained_by_failure(r: Row, first_failure_ns: int, settings: Settings) -> bool:
+    """Whether a rank gone silent belongs to the failure that began at ``first_failure_ns`` (it
+    spoke within :func:`silent_after_s` of it, or later): the rank_failed incident names it, as
+    its culprit or a follower, not a dead-rank incident of its own."""
+    return bool(first_failure_ns) and r.hb_ns >= first_failure_ns - silent_after_s(settings) * 1e9
 
 
 NEVER_REPORTED = "never reported: no message from it at all"
@@ -105,12 +122,14 @@ class Verdict:
     followers: list[Failure]     # every other failed rank, first to fail first
 
 
-def attribute(failures: list[Failure], silent: list[Failure] | None = None) -> Verdict | None:
+def attribute(failures: list[Failure], silent: list[Failure] | None = None,
+              later: list[Failure] | None = None) -> Verdict | None:
     """The first failing rank and its followers (module docstring: the order of evidence).
 
     ``failures`` are the exit records of ranks that exited with an exception or a signal;
-    ``silent`` the ranks :func:`silent_ranks` found. None when there is no culprit: no failure on
-    record, or ranks that all stopped on stop signals with none silent (a cancelled job)."""
+    ``silent`` the ranks :func:`silent_ranks` found gone before the first failure, ``later`` those
+    gone after it (followers only). None when there is no culprit: no failure on record, or ranks
+    that all stopped on stop signals with none silent (a cancelled job)."""
     if not failures:
         return None
     ordered = sorted(failures, key=lambda f: (f.exit_ns, f.rank))
@@ -121,8 +140,9 @@ def attribute(failures: list[Failure], silent: list[Failure] | None = None) -> V
     if not culprits:
         return None
     culprit = culprits[0]
-    # The other silent ranks follow a silent culprit (a lost node takes all its ranks).
-    others = sorted(ordered + [f for f in gone if culprit.reason == SILENT], key=lambda f: (f.exit_ns, f.rank))
+    # Every other failed or silent rank follows (a lost node takes all its ranks; the launcher kills
+    # the peers of a failed rank, some before their exit record is out).
+    others = sorted(ordered + gone + list(later or []), key=lambda f: (f.exit_ns, f.rank))
     return Verdict(culprit=culprit, followers=[f for f in others if f.rank != culprit.rank])
 
 

@@ -187,22 +187,30 @@ class JobMonitor:
             return []
         dead = self.dead_ranks(view, now_s, settings)
         out = self._hang_rule(view, now_s, settings, set(dead))
-        failed = self.incidents.get("rank_failed")
-        if not (dead and failed is not None and set(dead) <= set(failed["ranks"]) and "dead_rank" not in self.incidents):
-            out += self._dead_rule(view, now_s, dead)   # else the rank_failed incident already names them
+        if not (dead and "dead_rank" not in self.incidents and self._failure_explains(view, dead, settings)):
+            out += self._dead_rule(view, now_s, dead)   # else the rank_failed incident names them
         out += self.slow.evaluate(self, view, now_s, settings, set(dead))
         out += self._failure_rule(view, now_s, settings)
         out += self._mismatch_rule(now_s)
         return out
 
+    def _failure_explains(self, view: JobView, dead: list[int], settings: Settings) -> bool:
+        """Whether every silent rank belongs to a failure: named by the rank_failed incident, or gone
+        about when the first failure on record happened (it will be named there)."""
+        failed = self.incidents.get("rank_failed")
+        named = set(failed["ranks"]) | set(failed["details"].get("followers", [])) if failed else set()
+        first_ns = view.failures[0].exit_ns if view.failures else 0
+        return all(r in named or failures.explained_by_failure(view.rows[r], first_ns, settings) for r in dead)
+
     def _failure_rule(self, view: JobView, now_s: float, settings: Settings) -> list[Alert]:
         """rank_failed: the first rank to fail (stream_processors/failures.py), once its peers had time
         to fail too and every rank that may have gone silent before them is known to have or not."""
         first_ns = view.failures[0].exit_ns if view.failures else 0
-        silent, pending = failures.silent_ranks(view.rows.values(), first_ns, now_s, settings, view.frontier_s)
+        silent, pending, later = failures.silent_ranks(view.rows.values(), first_ns, now_s, settings,
+                                                       view.frontier_s)
         if view.exact and view.failures:
             silent += failures.never_reported(view.rows, view.world_size)
-        verdict = failures.attribute(view.failures, silent)
+        verdict = failures.attribute(view.failures, silent, later)
         cur = self.incidents.get("rank_failed")
         if verdict is None:
             row = view.rows.get(cur["ranks"][0]) if cur is not None and cur["ranks"] else None

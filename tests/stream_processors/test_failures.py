@@ -96,10 +96,16 @@ def test_followers_that_fail_later_update_the_same_incident():
     mon = TwoStage(job="j")
     run_job(mon, 100.0)
     mon.apply(exit_exc(0, 40, 100.1, "AssertionError: loss is nan"), 100.2, S)
-    first = [a for t in (104.0, 105.0) for a in mon.scan(t, S) if a.kind == "rank_failed"]
+
+    def scan(t: float) -> list:       # ranks 2 and 3 are alive: they beat every second
+        for r in (2, 3):
+            mon.apply(heartbeat(r, 39, t), t, S)
+        return mon.scan(t, S)
+
+    first = [a for t in (101.0, 102.0, 103.0, 104.0, 105.0) for a in scan(t) if a.kind == "rank_failed"]
     assert [(a.status, a.ranks, a.details["follower_count"]) for a in first] == [("open", [0], 0)]
     mon.apply(exit_exc(1, 39, 105.5, "RuntimeError: Connection closed by peer"), 106.0, S)
-    later = [a for t in (106.0, 107.0) for a in mon.scan(t, S) if a.kind == "rank_failed"]
+    later = [a for t in (106.0, 107.0) for a in scan(t) if a.kind == "rank_failed"]
     assert [(a.status, a.alert_id, a.details["followers"]) for a in later] == [("update", first[0].alert_id, [1])]
 
 
@@ -190,6 +196,39 @@ def test_a_rank_that_stopped_on_sigterm_before_a_silent_one_is_a_follower():
         mon.apply(exit_signal(r, 39, 101.0 + r / 10), 101.5, S)
     failed = [a for t in range(102, 112) for a in mon.scan(float(t), S) if a.kind == "rank_failed"]
     assert [(a.status, a.ranks, a.details["followers"]) for a in failed] == [("open", [3], [0, 1, 2])]
+
+
+def test_peers_killed_before_their_exit_record_follow_the_failed_rank_in_one_incident():
+    """Seen in a full suite run: rank 2 raised, torchrun killed its peers, and two of them died before
+    their exit record was out. They went silent after the failure: followers of rank 2's incident,
+    not a dead-rank incident of their own."""
+    mon = TwoStage(job="j")
+    run_job(mon, 100.0)
+    mon.apply(exit_exc(2, 39, 100.5, "ValueError: bad batch", "ValueError", TRACEBACK), 100.6, S)
+    for r in (1, 3):                       # one more beat each, then nothing
+        mon.apply(heartbeat(r, 39, 100.8), 100.9, S)
+    mon.apply(exit_exc(0, 39, 100.9, "RuntimeError: Connection closed by peer", "RuntimeError"), 101.0, S)
+    alerts = [a for t in range(101, 160) for a in mon.scan(float(t), S)]
+    assert {a.kind for a in alerts} == {"rank_failed"}, [a.summary for a in alerts]
+    assert alerts[0].status == "open" and alerts[0].ranks == [2]
+    last = alerts[-1]
+    assert last.ranks == [2] and last.alert_id == alerts[0].alert_id
+    assert last.details["followers"] == [1, 3, 0] and last.details["follower_count"] == 3
+
+
+def test_a_rank_silent_before_an_own_failure_follows_it():
+    """An exception is exact evidence, silence only to within a heartbeat: the raising rank stays
+    first, and the silent rank is named as its follower rather than left out."""
+    mon = TwoStage(job="j")
+    run_job(mon, 100.0)
+    for r in (0, 1, 2):
+        mon.apply(heartbeat(r, 39, 101.0), 101.0, S)
+    mon.apply(exit_exc(2, 39, 101.5, "ValueError: bad batch", "ValueError"), 101.6, S)
+    alerts = [a for t in range(102, 150) for a in mon.scan(float(t), S)]
+    failed = [a for a in alerts if a.kind == "rank_failed"]
+    assert failed and all(a.ranks == [2] for a in failed)
+    assert 3 in failed[-1].details["followers"]
+    assert [a for a in alerts if a.kind == "dead_rank"] == []
 
 
 def test_is_peer_error():

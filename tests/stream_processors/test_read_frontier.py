@@ -89,5 +89,5 @@ def test_a_rank_read_late_is_not_taken_for_silent_before_a_failure() -> None:
               stack_sig="", waiting=-1, exit_reason="", exit_detail="", dropped=0)
     assert [f.rank for f in silent_ranks([row], first_failure_ns, now, S)[0]] == [5]
     # Its partition has been read up to 1 s after its last beat: nothing says it stopped.
-    silent, pending = silent_ranks([row], first_failure_ns, now, S, {5: now - 29})
+    silent, pending, _later = silent_ranks([row], first_failure_ns, now, S, {5: now - 29})
     assert silent == [] and pending
