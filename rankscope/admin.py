@@ -11,11 +11,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from rankscope.config import Settings
 from rankscope.kafka_client import FirstFailureOnly, client_conf
-from rankscope.topics import all_topic_names
+from rankscope.topics import all_topic_names, topic_configs
 
 log = logging.getLogger(__name__)
 # librdkafka's own log lines (e.g. "connection refused" while a broker starts) go here instead
@@ -69,20 +69,26 @@ def wait_for_kafka(target: str | Settings, timeout_s: float = 30.0) -> None:
 
 
 def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
-    """Create every rankscope topic (``settings.topic_partitions`` partitions, replication 1).
+    """Create every rankscope topic: ``settings.topic_partitions`` partitions, ``topic_replication``
+    replicas (0: the cluster's default), and the configuration of :func:`rankscope.topics.topic_configs`
+    (retention, ``min.insync.replicas``).
 
-    Idempotent: topics that already exist are left as they are. Returns when all topics are
-    visible in the cluster metadata with a leader for every partition.
+    Idempotent: topics that already exist are left as they are, and each way one differs from the
+    settings is logged once (:func:`topic_differences`). Returns when all topics are visible in the
+    cluster metadata with a leader for every partition.
     """
     deadline = time.monotonic() + timeout_s
     wait_for_kafka(settings, timeout_s)
-    names = list(all_topic_names(settings).values())
+    topics = all_topic_names(settings)
+    names = list(topics.values())
+    configs = topic_configs(settings)
     client = admin_client(settings)
     existing = set(client.list_topics(timeout=max(deadline - time.monotonic(), 1.0)).topics)
-    missing = [n for n in names if n not in existing]
+    missing = [t for t, n in topics.items() if n not in existing]
     if missing:
         futures = client.create_topics(
-            [NewTopic(n, num_partitions=settings.topic_partitions, replication_factor=1) for n in missing],
+            [NewTopic(topics[t], num_partitions=settings.topic_partitions,
+                      replication_factor=settings.topic_replication or -1, config=configs[t]) for t in missing],
             operation_timeout=max(deadline - time.monotonic(), 1.0),
             request_timeout=max(deadline - time.monotonic(), 1.0))
         for name, fut in futures.items():
@@ -95,7 +101,45 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
                     continue  # created concurrently by another process
                 raise
     _wait_visible(client, names, deadline, settings.bootstrap)
+    if len(missing) < len(topics):
+        try:
+            for line in topic_differences(settings, timeout_s=max(deadline - time.monotonic(), 5.0)):
+                log.warning("%s", line)
+        except KafkaException as e:
+            log.warning("could not compare the existing topics with the settings: %s", e)
     return names
+
+
+def topic_differences(settings: Settings, timeout_s: float = 30.0) -> list[str]:
+    """Each way an existing rankscope topic differs from what the settings would create: its
+    partitions, replicas (when ``topic_replication`` is set), retention and ``min.insync.replicas``
+    (when set). One line per difference; topics that do not exist are not listed."""
+    topics = all_topic_names(settings)
+    client = admin_client(settings)
+    meta = client.list_topics(timeout=timeout_s).topics
+    present = {t: n for t, n in topics.items() if n in meta and meta[n].error is None}
+    wanted = topic_configs(settings)
+    futures = client.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in present.values()],
+                                      request_timeout=timeout_s)
+    actual = {res.name: fut.result(timeout=timeout_s) for res, fut in futures.items()}
+    out = []
+    for t, name in present.items():
+        parts = meta[name].partitions
+        if len(parts) != settings.topic_partitions:
+            out.append(f"topic {name}: {len(parts)} partitions, the settings say {settings.topic_partitions}")
+        replicas = min((len(p.replicas) for p in parts.values()), default=0)
+        if settings.topic_replication and replicas != settings.topic_replication:
+            out.append(f"topic {name}: {replicas} replicas, the settings say {settings.topic_replication}")
+        for key, value in wanted[t].items():
+            entry = actual.get(name, {}).get(key)
+            have = getattr(entry, "value", None)
+            if have != value:
+                out.append(f"topic {name}: {key} is {have}, the settings say {value}{_as_hours(key, value)}")
+    return out
+
+
+def _as_hours(key: str, value: str) -> str:
+    return f" ({int(value) / 3_600_000:g} h)" if key == "retention.ms" else ""
 
 
 def _wait_visible(client: AdminClient, names: list[str], deadline: float, bootstrap: str) -> None:

@@ -51,6 +51,12 @@ class Settings:
     kafka_version: str = "4.3.1"
     topic_prefix: str = "rankscope."
     topic_partitions: int = 4
+    # Topic durability, applied when rankscope creates its topics: replicas per partition and
+    # min.insync.replicas (0 = the cluster's default.replication.factor / min.insync.replicas), and
+    # retention overrides in hours, "topic=hours,..." over the defaults in rankscope/topics.py.
+    topic_replication: int = 0
+    topic_min_insync: int = 0
+    topic_retention_h: str = ""
     # Kafka security, for every client (rankscope/kafka_client.py). Secrets stay out of repr and logs.
     kafka_security_protocol: str = "PLAINTEXT"  # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
     kafka_sasl_mechanism: str = "SCRAM-SHA-512"  # SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN
@@ -159,6 +165,15 @@ class Settings:
         if self.step_marker and not _is_marker(self.step_marker):
             raise ConfigError(f"step_marker must be 'module:function' (e.g. 'train:train_step' or "
                               f"'mypkg.loop:Trainer.step'), got {self.step_marker!r}")
+        if self.topic_replication < 0 or self.topic_min_insync < 0:
+            raise ConfigError(f"topic_replication and topic_min_insync must be >= 0 (0 = the cluster's default), "
+                              f"got {self.topic_replication!r} and {self.topic_min_insync!r}")
+        if self.topic_replication and self.topic_min_insync > self.topic_replication:
+            raise ConfigError(f"topic_min_insync ({self.topic_min_insync}) cannot exceed topic_replication "
+                              f"({self.topic_replication}): no write would ever be acknowledged")
+        from rankscope.topics import retention_overrides
+
+        retention_overrides(self.topic_retention_h)   # raises ConfigError naming the bad entry
         if self.coll_ring < 0:
             raise ConfigError(f"coll_ring must be >= 0 (0 = no collective records), got {self.coll_ring!r}")
         if not 0 <= self.profile_hz <= 1000:

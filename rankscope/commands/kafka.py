@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rankscope.admin import KafkaUnavailable, ensure_topics, kafka_answers
+from rankscope.admin import KafkaUnavailable, ensure_topics, kafka_answers, topic_differences
 from rankscope.broker import BrokerError, LocalBroker, ensure_broker
 from rankscope.config import Settings
 
@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
     s = sub.add_parser("status", parents=[common], help="is the broker running and answering? (rc 0 = yes)")
     s.set_defaults(func=_status)
 
-    s = sub.add_parser("topics", parents=[common], help="create the rankscope topics (idempotent)")
+    s = sub.add_parser("topics", parents=[common], help="create the rankscope topics (idempotent); report "
+                       "existing ones whose partitions, replicas, retention or min.insync.replicas differ "
+                       "from the settings")
     s.add_argument("--timeout", type=float, default=30.0)
     s.set_defaults(func=_topics)
 
@@ -77,4 +79,6 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     for name in names:
         print(name)
+    for line in topic_differences(settings, timeout_s=args.timeout):
+        print(f"differs: {line}")
     return 0
