@@ -354,7 +354,7 @@ class Tracer:
                       {"steps": steps, "stacks": all_thread_stacks(skip_thread_ids={threading.get_ident()}),
                        "reason": reason, "request_id": request_id})
         if request_id:
-            self._ack(request_id, "done", f"flight record: {len(steps)} steps")
+            self._ack(request_id, "done", f"step history: {len(steps)} steps")
 
     def send_collective_dump(self, request_id: str = "", reason: str = "requested") -> None:
         """Send PyTorch's Flight Recorder dump (every collective the ring holds, as its JSON) on the

@@ -19,7 +19,7 @@ class Topic(enum.Enum):
     PROFILES = "profiles"    # each rank's sampled Python stacks, one message per interval (msgpack, key = job/rank)
     SUMMARIES = "summaries"  # per-window per-rank function summaries (msgpack, key = job)
     CONTROL = "control"      # commands to ranks (msgpack, key = job); every rank of the job reads it
-    REPLIES = "replies"      # the ranks' answers: acks and flight records (msgpack, key = job); no rank
+    REPLIES = "replies"      # the ranks' answers: acks, step histories and Flight Recorder dumps (msgpack, key = job); no rank
                              # reads it, so a window's N acks are not fetched by N ranks (N^2 at scale)
     SHARDS = "shards"        # the processors' per-partition job summaries (msgpack, key = job)
     STATS = "stats"          # rolling per-worker statistics (msgpack, key = job)

@@ -80,7 +80,7 @@ _client_log.addFilter(_RepeatFilter())
 
 STAGE = "sink"
 SINK_TOPICS = (Topic.STEPS, Topic.STATS, Topic.ALERTS, Topic.DEADLETTER, Topic.HW, Topic.TRACES, Topic.SUMMARIES,
-               Topic.REPORTS, Topic.REPLIES, Topic.CONTROL, Topic.PROFILES)   # CONTROL: flight records from ranks that send them there
+               Topic.REPORTS, Topic.REPLIES, Topic.CONTROL, Topic.PROFILES)   # CONTROL: step histories from ranks that send them there
 
 
 @dataclass(frozen=True)

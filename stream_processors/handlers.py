@@ -5,7 +5,7 @@ no faust and no Kafka, only an injected clock, so each is unit-tested on its own
 
 - :meth:`Handlers.on_shard` (the ``judge`` agent): a shard summary into the job stage;
 - :meth:`Handlers.on_tick` (the scan timer): the job-wide rules, their alerts, and what an alert
-  asks of the ranks (a trace window on a slow rank, rate-limited; flight records on a hang);
+  asks of the ranks (a trace window on a slow rank, rate-limited; step histories and Flight Recorder dumps on a hang);
 - :meth:`Handlers.on_summary` (the ``reports`` agent): a trace-window summary into its report,
   published once every expected rank has sent one;
 - :meth:`Handlers.on_report_deadlines` (a timer): reports of windows some rank never finished.
@@ -136,7 +136,7 @@ class Handlers:
         return [Out(Topic.CONTROL, job.encode(), self.sender.envelope("control", job, body, self.clock.wall_ns()))]
 
     def flight_request(self, alert: Alert) -> Out:
-        """A hang or a mismatched collective asks every rank of its job for its flight record (last
+        """A hang or a mismatched collective asks every rank of its job for its step history (last
         steps and all stacks) and its PyTorch Flight Recorder dump."""
         body = {"command": "flight", "request_id": f"flight-{alert.alert_id}", "ranks": None,
                 "args": {"reason": f"alert {alert.alert_id}"}}

@@ -1,4 +1,4 @@
-"""Jobs, the ranks of a job and their states, step times and flight records."""
+"""Jobs, the ranks of a job and their states, step times and step histories."""
 
 from __future__ import annotations
 

@@ -68,11 +68,12 @@ def step_charts(cfg: Settings, job: str, world: int) -> None:
 
 
 def flight_panel(cfg: Settings, job: str) -> None:
-    """The ranks' latest flight-recorder dumps (sent when a hang alert or a request asks)."""
+    """The ranks' latest step histories: their last step records and every thread's stack (sent
+    when a hang alert or a request asks; PyTorch's Flight Recorder dumps are on the Alerts page)."""
     flights = ui.query(cfg, "flight_records", job=job)
     if flights.empty:
         return
-    with st.expander(f"Flight records ({len(flights)} rank{'s' if len(flights) > 1 else ''})"):
+    with st.expander(f"Step histories ({len(flights)} rank{'s' if len(flights) > 1 else ''})"):
         st.dataframe(flights.drop(columns=["stacks"]), hide_index=True,
                      column_config={"rank": "Rank", "sent": "Sent", "request_id": "Request", "reason": "Reason",
                                     "steps": "Step records", "first_step": "First step", "last_step": "Last step"})

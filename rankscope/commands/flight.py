@@ -1,6 +1,6 @@
 """``rankscope flight --job J [--ranks 0-3] [--reason TEXT]``: ask a running job's ranks for their
-flight records (the tool's last step records and every thread's stack) and their PyTorch Flight
-Recorder dumps (every collective each rank's ring holds), as a hang alert does by itself.
+step histories (rankscope's own: each rank's last step records and every thread's stack) and their
+PyTorch Flight Recorder dumps (every collective each rank's ring holds), as a hang alert does by itself.
 
 Prints each rank's acknowledgement and the command that exports the dumps once the sink has stored
 them. Exit status: 0 every addressed rank answered; 1 some did not in time; 2 bad arguments or
@@ -19,7 +19,7 @@ from rankscope.topics import Topic
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("flight", parents=[common], help="ask a job's ranks for their flight records and "
+    p = sub.add_parser("flight", parents=[common], help="ask a job's ranks for their step histories and "
                                                         "PyTorch Flight Recorder dumps")
     p.add_argument("--job", required=True)
     p.add_argument("--ranks", default="", help="e.g. 0-3,8 (default: every rank)")
