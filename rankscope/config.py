@@ -72,6 +72,8 @@ class Settings:
     clickhouse_password: str = field(default="", repr=False)
     clickhouse_ca_file: str = ""     # https DSN: PEM CA of the server's certificate; empty = system CAs
     clickhouse_verify: bool = True   # https DSN: verify the server's certificate
+    # Days each expiring table keeps its rows, "table=days,..." over the defaults in rankscope/retention.py.
+    store_ttl_days: str = ""
     # Dashboard / serve process.
     dashboard_port: int = 8501
     dashboard_refresh_s: float = 2.0
@@ -171,9 +173,13 @@ class Settings:
         if self.topic_replication and self.topic_min_insync > self.topic_replication:
             raise ConfigError(f"topic_min_insync ({self.topic_min_insync}) cannot exceed topic_replication "
                               f"({self.topic_replication}): no write would ever be acknowledged")
-        from rankscope.topics import retention_overrides
+        from rankscope.retention import RetentionError, table_ttl_days, topic_retention_h
 
-        retention_overrides(self.topic_retention_h)   # raises ConfigError naming the bad entry
+        try:
+            topic_retention_h(self.topic_retention_h)
+            table_ttl_days(self.store_ttl_days)
+        except RetentionError as e:
+            raise ConfigError(str(e)) from None
         if self.coll_ring < 0:
             raise ConfigError(f"coll_ring must be >= 0 (0 = no collective records), got {self.coll_ring!r}")
         if not 0 <= self.profile_hz <= 1000:

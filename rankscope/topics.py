@@ -35,44 +35,19 @@ def all_topic_names(settings: Settings) -> dict[Topic, str]:
     return {t: t.name_for(settings) for t in Topic}
 
 
+
 _HOUR_MS = 3_600_000
-# How long Kafka keeps each topic (hours), for what it carries: rank data long enough for a sink or
-# processors outage over a weekend to be caught up, bulky trace windows and profiles a day, the
-# request/answer topics a day, and what people and other systems read (alerts, reports, dead
-# letters) a week.
-RETENTION_H: dict[Topic, float] = {
-    Topic.STEPS: 72, Topic.HW: 72, Topic.TRACES: 24, Topic.PROFILES: 24, Topic.SUMMARIES: 72,
-    Topic.CONTROL: 24, Topic.REPLIES: 24, Topic.SHARDS: 24, Topic.STATS: 24,
-    Topic.ALERTS: 168, Topic.REPORTS: 168, Topic.DEADLETTER: 168,
-}
-
-
-def retention_overrides(spec: str) -> dict[Topic, float]:
-    """``"traces=12,alerts=720"`` as {Topic: hours}. Raises ConfigError naming the bad entry."""
-    from rankscope.config import ConfigError
-
-    out: dict[Topic, float] = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, sep, hours = part.partition("=")
-        try:
-            topic = Topic(name.strip())
-            value = float(hours)
-        except ValueError:
-            raise ConfigError(f"topic_retention_h: {part!r} is not topic=hours with a topic of "
-                              f"{', '.join(t.value for t in Topic)}") from None
-        if not sep or not value > 0:
-            raise ConfigError(f"topic_retention_h: {part!r} needs hours > 0")
-        out[topic] = value
-    return out
 
 
 def topic_configs(settings: Settings) -> dict[Topic, dict[str, str]]:
-    """The Kafka topic configuration rankscope creates each topic with: its retention, and
-    ``min.insync.replicas`` when set."""
-    hours = {**RETENTION_H, **retention_overrides(settings.topic_retention_h)}
+    """The Kafka topic configuration rankscope creates each topic with: its retention
+    (rankscope/retention.py), and ``min.insync.replicas`` when set."""
+    from rankscope.retention import topic_retention_h
+
+    hours = topic_retention_h(settings.topic_retention_h)
     out = {}
     for t in Topic:
-        conf = {"retention.ms": str(int(hours[t] * _HOUR_MS))}
+        conf = {"retention.ms": str(int(hours[t.value] * _HOUR_MS))}
         if settings.topic_min_insync:
             conf["min.insync.replicas"] = str(settings.topic_min_insync)
         out[t] = conf

@@ -77,8 +77,10 @@ CREATE TABLE IF NOT EXISTS {db}.heartbeats
     ts DateTime64(3) MATERIALIZED fromUnixTimestamp64Nano(ts_ns)
 )
 ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMMDD(fromUnixTimestamp64Nano(ts_ns))
 ORDER BY (job, rank, ts_ns, pid)
-TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL 30 DAY
+TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL {ttl:heartbeats} DAY
+SETTINGS ttl_only_drop_parts = 1
 ;
 CREATE TABLE IF NOT EXISTS {db}.worker_stats
 (
@@ -144,8 +146,10 @@ CREATE TABLE IF NOT EXISTS {db}.deadletters
     payload_b64 String
 )
 ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMMDD(fromUnixTimestamp64Nano(ts_ns))
 ORDER BY (source_topic, partition, offset, stage)
-TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL 30 DAY
+TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL {ttl:deadletters} DAY
+SETTINGS ttl_only_drop_parts = 1
 ;
 CREATE TABLE IF NOT EXISTS {db}.hw_samples
 (
@@ -159,8 +163,10 @@ CREATE TABLE IF NOT EXISTS {db}.hw_samples
     ts DateTime64(3) MATERIALIZED fromUnixTimestamp64Nano(ts_ns)
 )
 ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMMDD(fromUnixTimestamp64Nano(ts_ns))
 ORDER BY (job, host, device, metric, ts_ns)
-TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL 30 DAY
+TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL {ttl:hw_samples} DAY
+SETTINGS ttl_only_drop_parts = 1
 ;
 CREATE TABLE IF NOT EXISTS {db}.trace_windows
 (
@@ -198,8 +204,10 @@ CREATE TABLE IF NOT EXISTS {db}.trace_events
     external_id Int64 DEFAULT -1
 )
 ENGINE = MergeTree
+PARTITION BY toYYYYMMDD(fromUnixTimestamp64Nano(start_ns))
 ORDER BY (job, window_id, rank, start_ns)
-TTL toDateTime(fromUnixTimestamp64Nano(start_ns)) + INTERVAL 14 DAY
+TTL toDateTime(fromUnixTimestamp64Nano(start_ns)) + INTERVAL {ttl:trace_events} DAY
+SETTINGS ttl_only_drop_parts = 1
 ;
 CREATE TABLE IF NOT EXISTS {db}.function_summaries
 (
@@ -246,8 +254,10 @@ CREATE TABLE IF NOT EXISTS {db}.fr_dumps
     ts DateTime64(3) MATERIALIZED fromUnixTimestamp64Nano(ts_ns)
 )
 ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMMDD(fromUnixTimestamp64Nano(ts_ns))
 ORDER BY (job, request_id, rank, ts_ns)
-TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL 90 DAY
+TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL {ttl:fr_dumps} DAY
+SETTINGS ttl_only_drop_parts = 1
 ;
 -- Each rank's sampled Python stacks (producers/stack_sampler.py): per interval, thread role and call
 -- path ("root;...;leaf", user frames only) its sample count; path "" counts the role's samples that
@@ -269,7 +279,7 @@ CREATE TABLE IF NOT EXISTS {db}.profile_samples
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMMDD(fromUnixTimestamp64Nano(ts_ns))
 ORDER BY (job, rank, ts_ns, pid, role, path)
-TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL 14 DAY
+TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL {ttl:profile_samples} DAY
 SETTINGS ttl_only_drop_parts = 1
 ;
 -- The tool's own flight records, which a rank sends when an alert or a control message asks (last
@@ -288,6 +298,8 @@ CREATE TABLE IF NOT EXISTS {db}.flight_records
     ts DateTime64(3) MATERIALIZED fromUnixTimestamp64Nano(ts_ns)
 )
 ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMMDD(fromUnixTimestamp64Nano(ts_ns))
 ORDER BY (job, rank, ts_ns)
-TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL 90 DAY
+TTL toDateTime(fromUnixTimestamp64Nano(ts_ns)) + INTERVAL {ttl:flight_records} DAY
+SETTINGS ttl_only_drop_parts = 1
 ;

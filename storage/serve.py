@@ -179,9 +179,10 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
 
     from streamlit.web import bootstrap
 
+    from rankscope.retention import table_ttl_days
     from rankscope.storage.store import close_store, open_store
 
-    store = open_store(settings.store_dsn)
+    store = open_store(settings.store_dsn, ttl_days=table_ttl_days(settings.store_ttl_days))
     from rankscope.metrics import start_metrics
 
     start_metrics(settings, "serve")
@@ -219,10 +220,11 @@ def run_sink(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> int:
     """
     _preload_main_thread_imports()
     from rankscope.gc_tuning import tune_for_streaming
+    from rankscope.retention import table_ttl_days
     from rankscope.storage.sink import Sink
     from rankscope.storage.store import close_store, open_store
 
-    store = open_store(settings.store_dsn)
+    store = open_store(settings.store_dsn, ttl_days=table_ttl_days(settings.store_ttl_days))
     if store.embedded:
         log.warning("the sink holds the embedded store %s alone: nothing else can read it while it runs "
                     "(`rankscope serve` runs sink and dashboard together)", settings.store_dsn_redacted)

@@ -10,8 +10,9 @@ The same schema and queries serve both. A password never appears in a message or
 from __future__ import annotations
 
 import logging
+import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from urllib.parse import parse_qsl, unquote, urlparse
 import pandas as pd
 
 from rankscope.config import redact_dsn
+from rankscope.retention import TABLE_TTL_DAYS
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +123,12 @@ class Store:
                 pass
 
 
-def schema_statements(database: str = DATABASE) -> list[str]:
+def schema_statements(database: str = DATABASE, ttl_days: Mapping[str, int] | None = None) -> list[str]:
+    """schema.sql's statements for ``database``, each expiring table's TTL from ``ttl_days`` (default:
+    rankscope/retention.py's)."""
     text = resources.files("rankscope.storage").joinpath("schema.sql").read_text()
-    return _split(text, database)
+    days = {**TABLE_TTL_DAYS, **(ttl_days or {})}
+    return [_TTL_SLOT.sub(lambda m: str(int(days[m.group(1)])), stmt) for stmt in _split(text, database)]
 
 
 def migration_statements(database: str = DATABASE) -> list[tuple[int, str, list[str]]]:
@@ -145,18 +150,81 @@ def _split(text: str, database: str) -> list[str]:
     return stmts
 
 
-def apply_schema(store: Store) -> None:
-    """Create the database and tables if missing, then apply new numbered migrations. Idempotent."""
-    for stmt in schema_statements(store.database):
+_TTL_SLOT = re.compile(r"\{ttl:(\w+)\}")
+_CREATE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\S+)\.(\w+)\b")
+_TTL_DAYS = re.compile(r"\bTTL .*?(?:INTERVAL (\d+) DAY|toIntervalDay\((\d+)\))")
+
+
+def apply_schema(store: Store, ttl_days: Mapping[str, int] | None = None) -> None:
+    """Create the database and tables if missing, rebuild an expiring table made before it was
+    partitioned by day (:func:`partition_by_day`), apply new numbered migrations, and, with
+    ``ttl_days`` (the writer's settings), set each expiring table's TTL to it. Idempotent."""
+    stmts = schema_statements(store.database, ttl_days)
+    for stmt in stmts:
         store.command(stmt)
+    creates = {m.group(2): stmt for stmt in stmts if (m := _CREATE.match(stmt))}
+    for table in TABLE_TTL_DAYS:
+        partition_by_day(store, table, creates[table])
     done = {int(r[0]) for r in store.query_rows(f"SELECT version FROM {store.database}.schema_migrations")}
-    for version, name, stmts in migration_statements(store.database):
+    for version, name, mig in migration_statements(store.database):
         if version in done:
             continue
-        for stmt in stmts:
+        for stmt in mig:
             store.command(stmt)
         store.insert("schema_migrations", [{"version": version, "name": name}])
         log.info("applied migration %04d_%s", version, name)
+    if ttl_days is not None:
+        for table, days in {**TABLE_TTL_DAYS, **ttl_days}.items():
+            set_ttl_days(store, table, creates[table], int(days))
+
+
+def _table_info(store: Store, table: str) -> tuple[str, str] | None:
+    rows = store.query_rows("SELECT partition_key, create_table_query FROM system.tables "
+                            "WHERE database = {d:String} AND name = {t:String}", {"d": store.database, "t": table})
+    return (str(rows[0][0]), str(rows[0][1])) if rows else None
+
+
+def partition_by_day(store: Store, table: str, create: str) -> bool:
+    """Rebuild ``table`` as ``create`` (schema.sql's, partitioned by day) when it was made before
+    that: its rows are copied into a new table, which then takes its place. Safe to run again after
+    a crash at any point. Returns True when it rebuilt the table."""
+    db = store.database
+    info = _table_info(store, table)
+    if info is None:
+        return False
+    staged = f"{table}__by_day"
+    if info[0]:
+        store.command(f"DROP TABLE IF EXISTS {db}.{staged}")   # a rebuild that stopped after the exchange
+        return False
+    log.info("partitioning %s.%s by day: copying its rows into a new table", db, table)
+    store.command(f"DROP TABLE IF EXISTS {db}.{staged}")
+    store.command(_CREATE.sub(f"CREATE TABLE {db}.{staged}", create, count=1))
+    cols = ", ".join(f"`{c}`" for c in _stored_columns(store, table) if c in set(_stored_columns(store, staged)))
+    store.command(f"INSERT INTO {db}.{staged} ({cols}) SELECT {cols} FROM {db}.{table}")
+    store.command(f"EXCHANGE TABLES {db}.{table} AND {db}.{staged}")
+    store.command(f"DROP TABLE IF EXISTS {db}.{staged}")
+    return True
+
+
+def _stored_columns(store: Store, table: str) -> list[str]:
+    """The columns of ``table`` that hold data (not MATERIALIZED or ALIAS), in order."""
+    return [str(r[0]) for r in store.query_rows(
+        "SELECT name FROM system.columns WHERE database = {d:String} AND table = {t:String} "
+        "AND default_kind NOT IN ('MATERIALIZED', 'ALIAS') ORDER BY position", {"d": store.database, "t": table})]
+
+
+def set_ttl_days(store: Store, table: str, create: str, days: int) -> bool:
+    """``ALTER TABLE ... MODIFY TTL`` when ``table``'s TTL is not ``days`` days. Returns True when changed."""
+    info = _table_info(store, table)
+    m = _TTL_DAYS.search(info[1]) if info else None
+    if info is None or m is None or int(m.group(1) or m.group(2)) == days:
+        return False
+    ttl = _TTL_DAYS.search(create)
+    assert ttl is not None, f"schema.sql's {table} has no TTL"
+    expr = create[ttl.start():ttl.end()].split("\n")[0]
+    store.command(f"ALTER TABLE {store.database}.{table} MODIFY {expr}")
+    log.info("%s.%s keeps its rows %d days now", store.database, table, days)
+    return True
 
 
 _STORES: dict[str, Store] = {}
@@ -172,8 +240,9 @@ def arrow_table(columns: dict[str, list[Any]], types: dict[str, str]) -> Any:
     return pa.table({n: pa.array(col, type=named[types[n]]) for n, col in columns.items()})
 
 
-def open_store(dsn: str, apply: bool = True) -> Store:
-    """Open (once per process and DSN) and return the shared store; apply the schema the first time.
+def open_store(dsn: str, apply: bool = True, ttl_days: Mapping[str, int] | None = None) -> Store:
+    """Open (once per process and DSN) and return the shared store; apply the schema the first time
+    (with ``ttl_days``, the writer's TTLs: :func:`apply_schema`).
 
     Raises StoreLocked when another process holds an embedded data directory, StoreError otherwise.
     """
@@ -183,7 +252,7 @@ def open_store(dsn: str, apply: bool = True) -> Store:
         client = _connect(dsn)
         store = Store(client, dsn)
         if apply:
-            apply_schema(store)
+            apply_schema(store, ttl_days)
         _STORES[dsn] = store
         return store
 

@@ -11,14 +11,16 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 from rankscope.admin import admin_client, delete_topics, ensure_topics, topic_differences
 from rankscope.cli import main
 from rankscope.config import ConfigError, Settings
-from rankscope.topics import RETENTION_H, Topic, all_topic_names, retention_overrides, topic_configs
+from rankscope.retention import TOPIC_RETENTION_H, overrides
+from rankscope.topics import Topic, all_topic_names, topic_configs
 
 HOUR_MS = 3_600_000
 
 
 def test_retention_overrides_and_their_errors() -> None:
-    assert retention_overrides(" traces=12, alerts=720 ") == {Topic.TRACES: 12.0, Topic.ALERTS: 720.0}
-    assert retention_overrides("") == {}
+    assert overrides(" traces=12, alerts=720 ", TOPIC_RETENTION_H, "topic_retention_h") == {
+        "traces": 12.0, "alerts": 720.0}
+    assert overrides("", TOPIC_RETENTION_H, "topic_retention_h") == {}
     for bad in ("trace=1", "traces", "traces=0", "traces=abc", "alerts=-1"):
         with pytest.raises(ConfigError, match="topic_retention_h"):
             Settings(topic_retention_h=bad)
@@ -29,7 +31,7 @@ def test_retention_overrides_and_their_errors() -> None:
 
 
 def test_every_topic_has_a_retention_and_min_insync_only_when_set() -> None:
-    assert set(RETENTION_H) == set(Topic)
+    assert set(TOPIC_RETENTION_H) == {t.value for t in Topic}
     conf = topic_configs(Settings(topic_retention_h="traces=12"))
     assert conf[Topic.TRACES] == {"retention.ms": str(12 * HOUR_MS)}
     assert conf[Topic.ALERTS] == {"retention.ms": str(168 * HOUR_MS)}
