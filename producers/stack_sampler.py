@@ -44,6 +44,7 @@ OWN_THREAD_PREFIX = "rankscope-"
 WORKER_WAIT_S = 5.0          # a forked child that is not a DataLoader worker by then stops sampling
 _PIN_MEMORY = "_pin_memory_loop"
 MAX_STACKS = 20000           # distinct stacks kept per interval; the rest count as "other"
+PYTHON_WALK_SAFE = (3, 12)   # a Python walk of other threads' frames runs only from this Python on
 
 
 def _worker_info() -> Any:
@@ -63,16 +64,23 @@ class StackFolder:
         self._labels: dict[int, str | None] = {}  # id -> user frame label, None for an own frame
 
     def add(self, role: int, frame: Any) -> None:
-        ids: list[int] = []
-        codes = self._codes
+        """One sample of a thread from its innermost frame, walked here in Python."""
+        stack: list[Any] = []
         f = frame
-        while f is not None and len(ids) < 4 * MAX_DEPTH:
-            c = f.f_code
+        while f is not None and len(stack) < 4 * MAX_DEPTH:
+            stack.append(f.f_code)
+            f = f.f_back
+        self.add_codes(role, stack)
+
+    def add_codes(self, role: int, stack: Any) -> None:
+        """One sample of a thread as its code objects, innermost first (the C walker's form)."""
+        codes = self._codes
+        ids = []
+        for c in stack:
             i = id(c)
             if i not in codes:
                 codes[i] = c
             ids.append(i)
-            f = f.f_back
         key = (role, tuple(ids))
         if key in self.counts or len(self.counts) < MAX_STACKS:
             self.counts[key] += 1
@@ -158,8 +166,11 @@ class StackSampler:
     full socket drops the body (counted in the parent as ``worker_drops``) rather than wait."""
 
     def __init__(self, hz: float, interval_s: float, send: Callable[[str, dict[str, Any], int | None], None],
-                 training_ident: Callable[[], int | None], wall_ns: Callable[[], int], workers: bool = False) -> None:
+                 training_ident: Callable[[], int | None], wall_ns: Callable[[], int], workers: bool = False,
+                 walker: Any = None, cache_dir: str | None = None) -> None:
         self.hz = hz
+        self.walker = walker                     # producers/stack_walk.py's C module, or None: walk in Python
+        self._cache_dir = cache_dir              # where the walker is built (once per Python) when not given
         self.interval_s = interval_s
         self._send = send
         self._training_ident = training_ident
@@ -183,6 +194,11 @@ class StackSampler:
 
     def start(self) -> StackSampler:
         try:
+            if self.walker is None and self._cache_dir is not None:
+                # Built before (rankscope build-native): loading is quick, and forked workers inherit it.
+                from rankscope.producers import stack_walk
+
+                self.walker = stack_walk.load(self._cache_dir)
             if self._workers:
                 self._rx, self._tx = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
                 self._rx.setblocking(False)
@@ -248,19 +264,32 @@ class StackSampler:
             self._send("profile", body, pid)
 
     def sample_once(self) -> None:
-        """One sample of every thread but rankscope's own."""
+        """One sample of every thread but rankscope's own: by the C walker when it is loaded, which
+        walks them all while holding the GIL, else in Python."""
+        if self.walker is not None:
+            stacks = self.walker.sample(self._skip)
+            self._maybe_refresh(t for t, _ in stacks)
+            with self._lock:
+                self.folder.ticks += 1
+                for tid, codes in stacks:
+                    if tid not in self._skip:
+                        self.folder.add_codes(self._role_of.get(tid, 3), codes)
+            return
         frames = sys._current_frames()
         me = threading.get_ident()
-        now = self._wall_ns() / 1e9
-        if now - self._names_at > 1.0 or any(t not in self._role_of and t not in self._skip for t in frames):
-            self._refresh_threads()
-            self._names_at = now
+        self._maybe_refresh(frames)
         with self._lock:
             self.folder.ticks += 1
             for tid, frame in frames.items():
                 if tid == me or tid in self._skip:
                     continue
                 self.folder.add(self._role_of.get(tid, 3), frame)
+
+    def _maybe_refresh(self, tids: Any) -> None:
+        now = self._wall_ns() / 1e9
+        if now - self._names_at > 1.0 or any(t not in self._role_of and t not in self._skip for t in tids):
+            self._refresh_threads()
+            self._names_at = now
 
     def _refresh_threads(self) -> None:
         train = self._training_ident() if not self.in_worker else None
@@ -282,8 +311,29 @@ class StackSampler:
                 roles[t.ident] = 3
         self._role_of, self._skip = roles, skip
 
+    def _find_walker(self) -> bool:
+        """Build (once per Python, into the cache dir) and load the C walker unless one was given.
+        Without it, sampling walks in Python on CPython 3.12 and later, and is off on 3.11, where a
+        Python walk has crashed sampling processes. Returns whether sampling can go on."""
+        if self.walker is None and self._cache_dir is not None:
+            from rankscope.producers import stack_walk
+
+            try:
+                stack_walk.build(self._cache_dir)
+                self.walker = stack_walk.load(self._cache_dir)
+            except Exception as e:
+                log.info("rankscope: the C stack walker did not build (%s)", str(e)[:300])
+        if self.walker is not None or sys.version_info >= PYTHON_WALK_SAFE:
+            return True
+        log.warning("rankscope: stack sampling off: the C stack walker is not built for this Python (a C "
+                    "compiler and Python's headers make it; `rankscope build-native`), and walking stacks "
+                    "in Python has crashed CPython 3.11 processes")
+        return False
+
     def _run(self) -> None:
         leave_profiler()
+        if not self._find_walker():
+            return
         period = 1.0 / self.hz
         next_send = self._wall_ns() / 1e9 + self.interval_s
         while not self._stop.wait(period):

@@ -139,7 +139,7 @@ class Tracer:
         if self.settings.profile_hz > 0:
             self.stack_sampler = StackSampler(self.settings.profile_hz, self.settings.profile_s, self._send_profile,
                                               lambda: self._train_ident, self.clock.wall_ns,
-                                              workers=transport is None).start()
+                                              workers=transport is None, cache_dir=self.settings.cache_dir).start()
         atexit.register(self._atexit)
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook

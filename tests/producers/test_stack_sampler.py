@@ -8,6 +8,7 @@ import threading
 import time
 
 import msgpack
+import pytest
 
 from rankscope.producers.stack_sampler import StackFolder, StackSampler
 from rankscope.protocol.profile import MAX_ROWS, rows, validate
@@ -83,9 +84,10 @@ def test_a_message_keeps_the_most_sampled_paths_within_its_byte_budget_and_count
     assert folder.take(1, 2, 20.0, 20480) is None          # a fresh interval
 
 
-def test_the_sampler_thread_sends_each_interval_and_the_rest_at_stop() -> None:
+def test_the_sampler_thread_sends_each_interval_and_the_rest_at_stop(tmp_path) -> None:
     sent: list[dict] = []
-    sampler = StackSampler(200.0, 0.2, lambda k, b, pid: sent.append(b), lambda: None, time.time_ns).start()
+    sampler = StackSampler(200.0, 0.2, lambda k, b, pid: sent.append(b), lambda: None, time.time_ns,
+                           cache_dir=str(tmp_path)).start()
     deadline = time.monotonic() + 60
     while len(sent) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -115,12 +117,15 @@ def decode_slowly(i: int) -> int:
     return i
 
 
-def test_forked_dataloader_workers_are_sampled_and_sent_by_the_parent_under_their_pids() -> None:
+def test_forked_dataloader_workers_are_sampled_and_sent_by_the_parent_under_their_pids(tmp_path) -> None:
     from torch.utils.data import DataLoader
 
+    from rankscope.producers import stack_walk
+
+    stack_walk.build(tmp_path)      # as `rankscope build-native` leaves it: loaded at start, inherited by the workers
     sent: list[tuple[dict, int | None]] = []
     sampler = StackSampler(50.0, 0.3, lambda k, b, pid: sent.append((b, pid)), lambda: None, time.time_ns,
-                           workers=True).start()
+                           workers=True, cache_dir=str(tmp_path)).start()
     try:
         got = [int(x) for x in DataLoader(SlowItems(), batch_size=None, num_workers=2,
                                           multiprocessing_context="fork")]
@@ -136,3 +141,68 @@ def test_forked_dataloader_workers_are_sampled_and_sent_by_the_parent_under_thei
     slow = sum(n for role, path, n in seen if role == "dataloader" and path.endswith(" decode_slowly"))
     assert slow >= 10, seen                   # ~0.6 s of it in each worker, at 50 Hz
     assert not any("decode_slowly" in path for b, pid in sent if pid is None for _, path, _ in rows(validate(b)))
+
+
+def test_the_c_walker_sees_what_a_python_walk_sees_and_skips_what_it_is_told(tmp_path) -> None:
+    """producers/native/stack_walk.c walks every other thread while holding the GIL: the same code
+    objects, innermost first, as f_back gives; rankscope's own threads are left out by ident."""
+    from rankscope.producers import stack_walk
+
+    stack_walk.build(tmp_path)
+    walker = stack_walk.load(tmp_path)
+    assert walker is not None and walker.ABI == stack_walk.ABI
+    stop = threading.Event()
+    busy = threading.Thread(target=spin_in_hot_function, args=(stop,), daemon=True)
+    busy.start()
+    try:
+        time.sleep(0.05)
+        got = dict(walker.sample(set()))
+        import sys
+
+        frame = sys._current_frames()[busy.ident]
+        python: list = []
+        while frame is not None:
+            python.append(frame.f_code)
+            frame = frame.f_back
+        assert [c.co_name for c in got[busy.ident]][-3:] == [c.co_name for c in python][-3:]
+        assert "spin_in_hot_function" in [c.co_name for c in got[busy.ident]]
+        assert threading.get_ident() not in got                 # the calling (sampler) thread
+        assert busy.ident not in dict(walker.sample({busy.ident}))
+        with pytest.raises(TypeError):
+            walker.sample([busy.ident])
+    finally:
+        stop.set()
+        busy.join()
+
+
+def test_the_sampler_with_the_c_walker_folds_the_same_call_paths(tmp_path) -> None:
+    from rankscope.producers import stack_walk
+
+    sent: list = []
+    stop = threading.Event()
+    trainer = threading.Thread(target=spin_in_hot_function, args=(stop,), daemon=True)
+    trainer.start()
+    sampler = StackSampler(20.0, 10.0, lambda k, b, pid: sent.append((k, b)), lambda: trainer.ident, time.time_ns,
+                           cache_dir=str(tmp_path))
+    try:
+        assert sampler._find_walker() and sampler.walker is not None
+        assert sampler.walker is stack_walk.load(tmp_path) or sampler.walker.ABI == stack_walk.ABI
+        sample(sampler, 30)
+    finally:
+        stop.set()
+        trainer.join()
+    sampler.flush()
+    [(kind, body)] = sent
+    got = rows(validate(body))
+    label = f"producers/test_stack_sampler.py:{spin_in_hot_function.__code__.co_firstlineno} spin_in_hot_function"
+    assert sum(n for role, path, n in got if role == "training" and label in path.split(";")) == 30, got
+
+
+def test_without_the_c_walker_sampling_is_off_on_python_3_11_and_says_why(caplog) -> None:
+    import sys
+
+    sampler = StackSampler(20.0, 10.0, lambda k, b, pid: None, lambda: None, time.time_ns)
+    with caplog.at_level("WARNING", logger="rankscope.profile"):
+        ok = sampler._find_walker()
+    assert ok == (sys.version_info >= (3, 12))
+    assert ok or "stack sampling off: the C stack walker is not built" in caplog.text
