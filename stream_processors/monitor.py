@@ -208,7 +208,8 @@ class JobMonitor:
         first_ns = view.failures[0].exit_ns if view.failures else 0
         silent, pending, later = failures.silent_ranks(view.rows.values(), first_ns, now_s, settings,
                                                        view.frontier_s)
-        if view.exact and view.failures:
+        if view.exact and view.failures and not self.retired:
+            # Once a shard has retired the job (idle), its ranks leave the view: absent is not silent.
             silent += failures.never_reported(view.rows, view.world_size)
         verdict = failures.attribute(view.failures, silent, later)
         cur = self.incidents.get("rank_failed")

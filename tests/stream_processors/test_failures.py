@@ -231,6 +231,22 @@ def test_a_rank_silent_before_an_own_failure_follows_it():
     assert [a for a in alerts if a.kind == "dead_rank"] == []
 
 
+def test_a_stopped_job_whose_shards_retire_one_by_one_raises_nothing():
+    """Seen in the detection benchmark: five minutes after a cancelled job, the first shard to retire
+    the idle job took its ranks out of the view, and the ranks still in it named a missing one
+    'never reported' (a rank_failed alert, resolved a second later when the last shard retired)."""
+    mon = TwoStage(job="j")
+    run_job(mon, 100.0)
+    for r in range(4):
+        mon.apply(exit_signal(r, 39, 101.0), 101.0, S)
+    assert [a for t in range(101, 110) for a in mon.scan(float(t), S)] == []
+    late = 101.0 + S.job_idle_s + 5
+    retiring = mon.shards.pop(0)
+    mon.monitor.add_summary(retiring.summary(late, S, retired=True))
+    alerts = [a for t in (late, late + 1, late + 2) for a in mon.scan(t, S)]
+    assert alerts == [], [a.summary for a in alerts]
+
+
 def test_is_peer_error():
     def f(reason, exc_type, detail):
         return Failure(0, "h", 1, 0, 0, reason, exc_type, detail, [])
