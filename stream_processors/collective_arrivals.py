@@ -15,7 +15,8 @@ stopped device never reaches the one its peers wait in, whatever the training th
 - Stage two (:class:`CollectiveLedger`, one per job and group) merges the shards' rows of a
   collective once every shard holding the group has passed it, into the same
   :class:`~rankscope.last_arrivals.Step` records the slow-rank rule judges for steps (``step`` is
-  the sequence number, ``dur_ns`` the time since the group's previous collective), and finds
+  the sequence number, ``dur_ns`` the time since the group's previous collective, per collective
+  across a gap in the sequence numbers), and finds
   labels that differ across shards. :func:`behind` names, per group, the members that never
   reached the collective the others did.
 """
@@ -184,6 +185,7 @@ class CollectiveLedger:
         self.steps: deque[Step] = deque(maxlen=LEDGER_ROWS)
         self.last_complete = -1
         self.last_event_ns = 0
+        self.last_event_seq = -1
         self.members: dict[int, int] = {}                     # shard -> its ranks in the group
         self.split: dict[int, dict[int, list[list[int]]]] = {}   # seq -> shard -> [[crc, ranks, a rank]]
         self.mismatches: list[list[Any]] = []                 # [seq, rank, label, odd rank, odd label]
@@ -224,8 +226,13 @@ class CollectiveLedger:
             self._compare_labels(s, by_shard, self.split.pop(s, {}))
             top = rows[0]
             second = max(top[1] - top[3] if top[3] >= 0 else -(2 ** 62), rows[1][1] if len(rows) > 1 else -(2 ** 62))
-            dur = max(0, top[4] - self.last_event_ns) if self.last_event_ns else 0
+            # The time since the group's previous collective: after collectives no row was sent for
+            # (ranks read their recorder's newest entries every few seconds), the time per collective
+            # across the gap, so that a horizon's time is the time its collectives cover and its cost
+            # share is not diluted by the collectives between reads.
+            dur = max(0, top[4] - self.last_event_ns) // max(1, s - self.last_event_seq) if self.last_event_ns else 0
             self.last_event_ns = max(self.last_event_ns, top[4])
+            self.last_event_seq = s
             if second <= -(2 ** 61):
                 continue        # one rank only
             step = Step(s, top[2], max(0, top[1] - second), dur, top[4])
