@@ -3,7 +3,7 @@
 # Built by docker-compose.yml; every service runs `rankscope <command>`.
 FROM python:3.11-slim AS wheel
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY rankscope rankscope
 COPY producers producers
 COPY stream_processors stream_processors

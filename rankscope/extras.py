@@ -1,18 +1,21 @@
 """Which optional dependency group (pip extra) each server-side feature needs.
 
 ``pip install rankscope`` installs the rank side only (the Tracer and the Kafka CLI commands). The
-processors, the sink, the dashboard and the embedded ClickHouse come with extras; a command whose
-extra is missing stops with :class:`MissingExtra` naming the extra to install, instead of an
-ImportError from deep inside a page or a worker.
+offline analysis, the processors, the sink, the dashboard and the embedded ClickHouse come with
+extras; a command whose extra is missing stops with :class:`MissingExtra` naming the extra to
+install, instead of an ImportError from deep inside a page or a worker.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-# extra -> the import names it provides (what its modules import at the top).
+# extra -> the import names it provides (what its modules import at the top). extra_for takes the
+# first extra that provides a name, so the smallest comes first: pandas missing for `rankscope
+# analyze` names `analysis` (pandas, msgspec), not `processors` (which adds faust).
 EXTRAS: dict[str, tuple[str, ...]] = {
     "gpu": ("pynvml",),
+    "analysis": ("pandas", "msgspec"),
     "processors": ("faust", "aiokafka", "msgspec", "pandas", "prometheus_client"),
     "sink": ("clickhouse_connect", "pandas", "pyarrow", "prometheus_client"),
     "dashboard": ("streamlit", "altair", "clickhouse_connect", "pandas", "pyarrow", "prometheus_client"),

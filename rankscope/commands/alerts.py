@@ -1,26 +1,53 @@
-"""``rankscope alerts [--follow] [--json] [--job J]``: read the alerts topic."""
+"""``rankscope alerts [--follow] [--json] [--job J]``: read the alerts topic.
+
+``rankscope alerts --webhook URL [--format alertmanager|slack] [--group G]``: forward every alert
+version to a webhook, once, in Alertmanager's or Slack's format, until SIGTERM
+(rankscope/commands/webhook_forwarder.py).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import signal
 import sys
+import threading
 import time
+import urllib.parse
 import uuid
 from datetime import UTC, datetime
 
 from rankscope.alerts import Alert
+from rankscope.commands.webhook_delivery import RetryPolicy, url_for_logs
+from rankscope.commands.webhook_formats import FORMATS
 from rankscope.config import Settings
 from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 
+log = logging.getLogger("rankscope.alerts")
+
+DEFAULT_GROUP = "rankscope-alerts-webhook"
+DEFAULT_FORMAT = "alertmanager"
+DEFAULT_MAX_AGE_S = 86400.0
+
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("alerts", parents=[common], help="print alerts from the alerts topic")
+    p = sub.add_parser("alerts", parents=[common], help="print alerts from the alerts topic, or forward them to a webhook")
     p.add_argument("--follow", "-f", action="store_true", help="keep waiting for new alerts")
     p.add_argument("--json", action="store_true", help="one JSON document per line (the wire schema)")
     p.add_argument("--job", default="", help="only this job")
     p.add_argument("--timeout", type=float, default=5.0, help="without --follow: stop after this many idle seconds")
+    w = p.add_argument_group("forwarding to a webhook (runs until SIGTERM)")
+    w.add_argument("--webhook", default="", metavar="URL", help="POST each alert version to this http(s) URL")
+    w.add_argument("--format", choices=sorted(FORMATS), default=None,
+                   help="the webhook's body: Alertmanager's webhook JSON (default) or a Slack message")
+    w.add_argument("--group", default=None,
+                   help=f"Kafka consumer group whose offsets record what was delivered (default {DEFAULT_GROUP})")
+    w.add_argument("--attempts", type=int, default=RetryPolicy.attempts,
+                   help="sends per alert on connection errors and 5xx before it is skipped")
+    w.add_argument("--max-age", type=float, default=DEFAULT_MAX_AGE_S,
+                   help="seconds: skip alert versions older than this (0 = none are too old)")
     p.set_defaults(func=run)
 
 
@@ -35,6 +62,11 @@ def format_alert(a: Alert) -> str:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.webhook:
+        return run_webhook(args, settings)
+    if args.format or args.group:
+        print("rankscope alerts: --format and --group go with --webhook", file=sys.stderr)
+        return 2
     from confluent_kafka import Consumer
 
     consumer = Consumer({**client_conf(settings, fatal=True), "group.id": f"rankscope-alerts-{uuid.uuid4().hex[:8]}",
@@ -61,3 +93,37 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     finally:
         consumer.close()
+
+
+def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
+    """Forward the alerts topic to ``args.webhook`` until SIGTERM or SIGINT; 2 on bad flags."""
+    from confluent_kafka import Consumer
+
+    from rankscope.commands.webhook_forwarder import Forwarder, forward
+
+    if urllib.parse.urlsplit(args.webhook).scheme not in ("http", "https"):
+        print(f"rankscope alerts: --webhook must be an http:// or https:// URL, got {args.webhook!r}", file=sys.stderr)
+        return 2
+    try:
+        policy = RetryPolicy(attempts=args.attempts)
+    except ValueError as e:
+        print(f"rankscope alerts: --attempts: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    fmt, group = args.format or DEFAULT_FORMAT, args.group or DEFAULT_GROUP
+    forwarder = Forwarder(args.webhook, FORMATS[fmt], policy, job=args.job, max_age_s=args.max_age, wait=stop.wait)
+    # A delivery blocks the poll loop; the group must not count the consumer as gone meanwhile.
+    poll_interval_ms = max(300_000, int(policy.worst_case_s() * 2000))
+    consumer = Consumer({**client_conf(settings, fatal=True), "group.id": group, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False, "max.poll.interval.ms": poll_interval_ms})
+    consumer.subscribe([Topic.ALERTS.name_for(settings)])
+    log.info("forwarding %s to %s (%s format, group %s)", Topic.ALERTS.name_for(settings),
+             url_for_logs(args.webhook), fmt, group)
+    try:
+        forward(consumer, forwarder, stop)
+    finally:
+        consumer.close()
+        log.info("stopped; alerts %s", dict(sorted(forwarder.counts.items())) or "none")
+    return 0

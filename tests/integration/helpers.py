@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
+from rankscope.alert_schema import validate as validate_alert
 from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.topics import Topic
@@ -127,8 +129,16 @@ class TopicReader:
 
 
 class AlertReader(TopicReader):
+    """Reads the alerts topic; every alert read must match rankscope/alert.schema.json."""
+
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings, Topic.ALERTS)
+
+    def poll(self, seconds: float = 0.5) -> None:
+        seen = len(self.values)
+        super().poll(seconds)
+        for v in self.values[seen:]:
+            validate_alert(json.loads(v))
 
     def alerts(self, job: str | None = None) -> list[Alert]:
         out = [Alert.from_json(v) for v in self.values]

@@ -1,4 +1,5 @@
-"""The built wheel carries every data file, and a non-editable install opens a store.
+"""The built wheel carries every data file and its license and metadata, and a non-editable install
+opens a store.
 
 The wheel is built from a copy of the working tree's non-ignored files (``git ls-files``), so a
 stale ``build/`` folder in the repo can neither add nor hide a file, and the shared tree gets no
@@ -8,6 +9,7 @@ repo; its dependencies come from the venv.
 
 from __future__ import annotations
 
+import email.parser
 import os
 import shutil
 import subprocess
@@ -17,20 +19,22 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("rankscope", "producers", "stream_processors", "offline", "storage", "dashboard")
+PROJECT_FILES = ("pyproject.toml", "LICENSE", "README.md")  # what pyproject names besides the packages
 RUNTIMES = PACKAGES[1:]           # installed as rankscope.producers, rankscope.storage, ...
 # Every data file a package reads at run time, as globs in the repo.
-DATA_GLOBS = ("storage/*.sql", "storage/migrations/*", "rankscope/kafka/*",
+DATA_GLOBS = ("rankscope/*.json", "storage/*.sql", "storage/migrations/*", "rankscope/kafka/*",
               "producers/native/*.cpp", "producers/native/*.h", "dashboard/*/*.py")
 # The wheel declares these extras; the rank side (no extra) never pulls a server dependency.
-EXTRAS = {"gpu", "processors", "sink", "dashboard", "embedded", "server", "dev"}
+EXTRAS = {"gpu", "analysis", "processors", "sink", "dashboard", "embedded", "server", "dev"}
 SERVER_ONLY = ("faust-streaming", "streamlit", "chdb", "clickhouse-connect", "pandas", "pyarrow")
 
 
 def _source_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", "pyproject.toml", *PACKAGES],
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", *PROJECT_FILES, *PACKAGES],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
     return [f for f in out.splitlines() if (REPO / f).is_file()]
 
@@ -83,6 +87,30 @@ def test_wheel_declares_rank_side_only_and_server_extras(wheel: Path) -> None:
                for r in extra_of["server"]), extra_of["server"]
 
 
+def test_wheel_metadata_names_license_pythons_and_loose_rank_pins(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        meta = email.parser.Parser().parsestr(z.read(name).decode())
+        license_text = z.read(name.replace("METADATA", "licenses/LICENSE"))
+    assert meta["License-Expression"] == "Apache-2.0" and meta.get_all("License-File") == ["LICENSE"]
+    assert license_text == (REPO / "LICENSE").read_bytes()
+    assert b"Apache License\n                           Version 2.0, January 2004" in license_text
+    classifiers = set(meta.get_all("Classifier"))
+    assert {f"Programming Language :: Python :: 3.{m}" for m in (11, 12, 13, 14)} <= classifiers, classifiers
+    assert {"Operating System :: POSIX :: Linux", "Topic :: System :: Monitoring",
+            "Topic :: Scientific/Engineering :: Artificial Intelligence"} <= classifiers, classifiers
+    assert not [c for c in classifiers if c.startswith("License ::")]  # License-Expression says it
+    assert meta["Requires-Python"] in (">=3.11,<3.15", "<3.15,>=3.11"), meta["Requires-Python"]
+    assert meta["Description-Content-Type"] == "text/markdown" and meta.get_payload().startswith("# rankscope")
+    requires = [Requirement(r) for r in meta.get_all("Requires-Dist")]
+    base = {r.name: r.specifier for r in requires if r.marker is None}
+    # A training image's own psutil and msgpack stay (tests/rankscope/test_wheel_into_image.py installs over them).
+    assert base["psutil"].contains("5.9.8") and not base["psutil"].contains("8.0.0"), base["psutil"]
+    assert base["msgpack"].contains("1.0.0") and not base["msgpack"].contains("2.0.0"), base["msgpack"]
+    analysis = {r.name for r in requires if r.marker is not None and r.marker.evaluate({"extra": "analysis"})}
+    assert analysis == {"pandas", "msgspec"}, analysis
+
+
 def installed_path(repo_path: str) -> str:
     """Where a file of the repo lies in the wheel: ``storage/schema.sql`` -> ``rankscope/storage/schema.sql``."""
     return f"rankscope/{repo_path}" if repo_path.split("/")[0] in RUNTIMES else repo_path
@@ -102,8 +130,8 @@ def test_wheel_has_every_data_file(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = sorted({installed_path(str(p.relative_to(REPO))) for g in DATA_GLOBS for p in REPO.glob(g)
                        if p.is_file() and not p.name.startswith(".")})
-    assert {"rankscope/storage/schema.sql", "rankscope/kafka/pom.xml", "rankscope/producers/native/kineto_columns.cpp",
-            "rankscope/producers/native/window_math.h"} <= set(expected)
+    assert {"rankscope/alert.schema.json", "rankscope/storage/schema.sql", "rankscope/kafka/pom.xml",
+            "rankscope/producers/native/kineto_columns.cpp", "rankscope/producers/native/window_math.h"} <= set(expected)
     assert any(e.startswith("rankscope/storage/migrations/") for e in expected)
     missing = [e for e in expected if e not in names]
     assert not missing, f"not in {wheel.name}: {missing}"
