@@ -25,9 +25,10 @@ COMPOSE = REPO / "docker-compose.yml"
 ENV_FILE = REPO / "deploy" / "rankscope.env"
 DOCKERFILE = REPO / "docker" / "server.Dockerfile"
 RANKSCOPE_SERVICES = {"topics", "processors", "sink", "dashboard"}
-LONG_RUNNING = {"kafka", "clickhouse", "processors", "sink", "dashboard"}
+MONITORING = {"prometheus", "grafana"}   # profile `monitoring`
+LONG_RUNNING = {"kafka", "clickhouse", "processors", "sink", "dashboard"} | MONITORING
 SERVICE_KEYS = {"image", "build", "command", "entrypoint", "environment", "env_file", "restart", "ports",
-                "volumes", "depends_on", "healthcheck", "deploy", "ulimits", "stop_grace_period"}
+                "volumes", "depends_on", "healthcheck", "deploy", "ulimits", "stop_grace_period", "profiles"}
 RESTART = {"no", "always", "on-failure", "unless-stopped"}
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 # ${NAME}, ${NAME:-default}, ${NAME:?message}
@@ -96,7 +97,10 @@ def test_services_and_schema(compose: dict[str, Any], services: dict[str, dict[s
             assert re.fullmatch(r"(127\.0\.0\.1:)?\d+:\d+", port), f"{name}: port {port!r}"
         for vol in svc.get("volumes", []):
             source = vol.split(":")[0]
-            assert source in (compose.get("volumes") or {}), f"{name}: volume {source} is not a named volume"
+            if source.startswith("./"):   # a file or folder of this repository, read-only
+                assert (REPO / source).exists() and vol.endswith(":ro"), f"{name}: bind mount {vol!r}"
+            else:
+                assert source in (compose.get("volumes") or {}), f"{name}: volume {source} is not a named volume"
     for name in LONG_RUNNING:
         svc = services[name]
         assert svc["restart"] in ("always", "unless-stopped"), name
@@ -108,6 +112,43 @@ def test_services_and_schema(compose: dict[str, Any], services: dict[str, dict[s
     for name in ("processors", "sink", "dashboard"):
         assert services[name]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
     assert {"kafka-data", "clickhouse-data"} <= set(compose["volumes"])
+
+
+def test_monitoring_runs_only_under_its_profile(services: dict[str, dict[str, Any]]) -> None:
+    for name, svc in services.items():
+        assert svc.get("profiles", []) == (["monitoring"] if name in MONITORING else []), f"{name}: profiles"
+    for name in MONITORING:
+        image = services[name]["image"]
+        # name:tag only: no registry host, no digest, no floating tag
+        assert re.fullmatch(r"[a-z0-9-]+/[a-z0-9-]+:v?\d+\.\d+\.\d+", image), f"{name}: image {image!r}"
+        assert "build" not in services[name]
+        for port in services[name]["ports"]:
+            assert port.startswith("127.0.0.1:"), f"{name}: {port} is published beyond the host's loopback"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in services["prometheus"]["volumes"]}
+    assert mounts["/etc/prometheus/prometheus.yml"] == "./deploy/prometheus/prometheus.yml"
+    grafana = services["grafana"]
+    plugins = grafana["environment"]["GF_INSTALL_PLUGINS"].split(",")
+    assert [p.split()[0] for p in plugins] == ["grafana-clickhouse-datasource"], plugins
+    assert grafana["depends_on"]["clickhouse"]["condition"] == "service_healthy"
+    # The datasource reads the dashboard's ClickHouse user and password from Grafana's environment.
+    env, dash = service_env(grafana, SHELL), Settings.from_env(service_env(services["dashboard"], SHELL))
+    assert env["RANKSCOPE_CLICKHOUSE_USER"] == dash.clickhouse_user
+    assert env["RANKSCOPE_CLICKHOUSE_PASSWORD"] == dash.clickhouse_password == SHELL["CLICKHOUSE_PASSWORD"]
+    assert "GF_SECURITY_ADMIN_PASSWORD" in env and not env["GF_SECURITY_ADMIN_PASSWORD"]   # no stored secret
+    assert service_env(grafana, {**SHELL, "GRAFANA_ADMIN_PASSWORD": "g"})["GF_SECURITY_ADMIN_PASSWORD"] == "g"
+
+
+def test_kafka_advertises_the_host_from_a_variable(services: dict[str, dict[str, Any]]) -> None:
+    raw = services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert "localhost" not in INTERPOLATION.sub("", raw), raw    # only as the variable's default
+
+    def host_listener(shell: dict[str, str]) -> str:
+        listeners = dict(u.split("://", 1) for u in interpolate(raw, shell).split(","))
+        return listeners["HOST"]
+
+    assert host_listener({}) == "localhost:9092"
+    assert host_listener({"KAFKA_ADVERTISED_HOST": "gpu-head.example"}) == "gpu-head.example:9092"
+    assert interpolate(raw, {}).split(",")[0] == "PLAINTEXT://kafka:19092"   # the services' listener is fixed
 
 
 def test_scalable_services_have_no_fixed_host_port(services: dict[str, dict[str, Any]]) -> None:
@@ -147,7 +188,7 @@ def test_every_setting_named_exists() -> None:
 
 
 def test_each_service_builds_valid_settings(services: dict[str, dict[str, Any]]) -> None:
-    advertised = services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    advertised = interpolate(services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"], SHELL)
     for name in RANKSCOPE_SERVICES:
         env = service_env(services[name], SHELL)
         settings = Settings.from_env(env)
