@@ -8,7 +8,8 @@ rank. CPU comes from the sampler thread's own CPU clock; bytes are each message 
 (before Kafka's compression). No Kafka: the messages are counted, not sent. A thread that only
 wakes at the same rate, beside the same training, gives what waking costs on this machine
 (``wake_only``), so the sampling work itself is the difference; the training's steps per second
-with the sampler against without are reported too.
+with the sampler against without are reported too. Each rate runs with the C walker (as ranks
+sample) and with a Python walk (``*_python_walk`` keys: what the C walker saves).
 
 ``python -m benchmarks.profile_sampler [--seconds 20] [--rates 20,100]``
 """
@@ -82,12 +83,25 @@ def baseline(seconds: float) -> float:
     return steps / (time.monotonic() - t0)
 
 
-def measure(hz: float, seconds: float) -> dict[str, Any]:
+def measure(hz: float, seconds: float, walker: str = "c") -> dict[str, Any]:
+    """The sampler beside the training loop, walking stacks with the C walker (``walker="c"``, as ranks
+    do) or in Python (``"python"``: what the C walker saves; ranks never walk in Python)."""
+    from rankscope.config import Settings
+    from rankscope.producers import stack_sampler, stack_walk
     from rankscope.producers.stack_sampler import StackSampler
 
     sent: list[int] = []
+    c_walker = None
+    if walker == "c":
+        cache = Settings.from_env().cache_dir
+        stack_walk.build(cache)
+        c_walker = stack_walk.load(cache)
+        if c_walker is None:
+            raise RuntimeError("the C stack walker did not load")
+    else:
+        stack_sampler.PYTHON_WALK = True     # measure the Python walk, which ranks do not use
     sampler = StackSampler(hz, INTERVAL_S, lambda kind, body, pid: sent.append(len(msgpack.packb(body))),
-                           lambda: threading.main_thread().ident, time.time_ns)
+                           lambda: threading.main_thread().ident, time.time_ns, walker=c_walker)
     idle: queue.Queue[int] = queue.Queue()
     helper = threading.Thread(target=idle.get, name="Thread-1 (_pin_memory_loop)", daemon=True)
     helper.start()
@@ -104,7 +118,7 @@ def measure(hz: float, seconds: float) -> dict[str, Any]:
     sampler.stop()
     idle.put(0)
     ticks = int(hz * wall)
-    return {"hz": hz, "seconds": round(wall, 2), "steps_per_s": round(steps / wall, 1),
+    return {"hz": hz, "walker": walker, "seconds": round(wall, 2), "steps_per_s": round(steps / wall, 1),
             "sampler_cpu_share": round(cpu / 1e9 / wall, 6),
             "sampler_cpu_us_per_sample": round(cpu / 1e3 / max(ticks, 1), 2), "messages": len(sent),
             "bytes_per_s": round(sum(sent) / wall, 1), "max_message_bytes": max(sent) if sent else 0}
@@ -113,15 +127,16 @@ def measure(hz: float, seconds: float) -> dict[str, Any]:
 def run(seconds: float = SECONDS, rates: tuple[float, ...] = RATES) -> dict[str, Any]:
     base = baseline(seconds)
     rows = []
-    for hz in rates:
-        r = measure(hz, seconds)
-        r.update(wake_cost(hz, seconds))
-        r["sampling_work_us_per_sample"] = round(r["sampler_cpu_us_per_sample"] - r["wake_cpu_us_per_tick"], 2)
-        r["training_steps_ratio"] = round(r["steps_per_s"] / base, 4)
-        rows.append(r)
+    for walker in ("c", "python"):
+        for hz in rates:
+            r = measure(hz, seconds, walker)
+            r.update(wake_cost(hz, seconds))
+            r["sampling_work_us_per_sample"] = round(r["sampler_cpu_us_per_sample"] - r["wake_cpu_us_per_tick"], 2)
+            r["training_steps_ratio"] = round(r["steps_per_s"] / base, 4)
+            rows.append(r)
     metrics: dict[str, Any] = {"training_steps_per_s_without": round(base, 1)}
     for r in rows:
-        k = f"{int(r['hz'])}hz"
+        k = f"{int(r['hz'])}hz" + ("" if r["walker"] == "c" else "_python_walk")
         metrics[f"sampler_cpu_share_{k}"] = r["sampler_cpu_share"]
         metrics[f"sampler_cpu_us_per_sample_{k}"] = r["sampler_cpu_us_per_sample"]
         metrics[f"wake_only_cpu_us_per_tick_{k}"] = r["wake_cpu_us_per_tick"]

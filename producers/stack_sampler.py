@@ -2,7 +2,8 @@
 process), folded into call paths with counts and sent once per interval as a ``profile`` message
 (rankscope/protocol/profile.py).
 
-A daemon thread takes every thread's stack ``profile_hz`` times a second (``sys._current_frames``),
+A daemon thread takes every thread's stack ``profile_hz`` times a second, walked in C while it holds
+the GIL (producers/native/stack_walk.c; without it, sampling is off: see :data:`PYTHON_WALK`),
 keeps each stack as the tuple of its code objects with a count per (thread role, stack) and, every
 ``profile_s``, turns the stacks into call paths of the user's frames (``"file.py:12 func"``, the
 function's first line) and sends the most sampled ones, within the wire budget, with the rest
@@ -44,7 +45,11 @@ OWN_THREAD_PREFIX = "rankscope-"
 WORKER_WAIT_S = 5.0          # a forked child that is not a DataLoader worker by then stops sampling
 _PIN_MEMORY = "_pin_memory_loop"
 MAX_STACKS = 20000           # distinct stacks kept per interval; the rest count as "other"
-PYTHON_WALK_SAFE = (3, 12)   # a Python walk of other threads' frames runs only from this Python on
+# Walk stacks in Python when the C walker is missing. Off: a Python walk crashed CPython 3.11 within
+# seconds under threads that come and go and torch.profiler windows (tests/producers/scripts/
+# stack_walk_torture.py, SIGSEGV in the walk's f_back), where the C walker ran clean; other Pythons
+# are not verified. The benchmark turns it on to measure what the C walker saves.
+PYTHON_WALK = False
 
 
 def _worker_info() -> Any:
@@ -265,7 +270,7 @@ class StackSampler:
 
     def sample_once(self) -> None:
         """One sample of every thread but rankscope's own: by the C walker when it is loaded, which
-        walks them all while holding the GIL, else in Python."""
+        walks them all while holding the GIL, else in Python (:data:`PYTHON_WALK`)."""
         if self.walker is not None:
             stacks = self.walker.sample(self._skip)
             self._maybe_refresh(t for t, _ in stacks)
@@ -313,8 +318,8 @@ class StackSampler:
 
     def _find_walker(self) -> bool:
         """Build (once per Python, into the cache dir) and load the C walker unless one was given.
-        Without it, sampling walks in Python on CPython 3.12 and later, and is off on 3.11, where a
-        Python walk has crashed sampling processes. Returns whether sampling can go on."""
+        Without it sampling is off (:data:`PYTHON_WALK`), said once in the log. Returns whether
+        sampling can go on."""
         if self.walker is None and self._cache_dir is not None:
             from rankscope.producers import stack_walk
 
@@ -323,11 +328,11 @@ class StackSampler:
                 self.walker = stack_walk.load(self._cache_dir)
             except Exception as e:
                 log.info("rankscope: the C stack walker did not build (%s)", str(e)[:300])
-        if self.walker is not None or sys.version_info >= PYTHON_WALK_SAFE:
+        if self.walker is not None or PYTHON_WALK:
             return True
         log.warning("rankscope: stack sampling off: the C stack walker is not built for this Python (a C "
-                    "compiler and Python's headers make it; `rankscope build-native`), and walking stacks "
-                    "in Python has crashed CPython 3.11 processes")
+                    "compiler and Python's headers make it: `rankscope build-native`); walking stacks in "
+                    "Python has crashed processes")
         return False
 
     def _run(self) -> None:

@@ -198,11 +198,26 @@ def test_the_sampler_with_the_c_walker_folds_the_same_call_paths(tmp_path) -> No
     assert sum(n for role, path, n in got if role == "training" and label in path.split(";")) == 30, got
 
 
-def test_without_the_c_walker_sampling_is_off_on_python_3_11_and_says_why(caplog) -> None:
-    import sys
-
+def test_without_the_c_walker_sampling_is_off_and_says_why(caplog) -> None:
     sampler = StackSampler(20.0, 10.0, lambda k, b, pid: None, lambda: None, time.time_ns)
     with caplog.at_level("WARNING", logger="rankscope.profile"):
-        ok = sampler._find_walker()
-    assert ok == (sys.version_info >= (3, 12))
-    assert ok or "stack sampling off: the C stack walker is not built" in caplog.text
+        assert not sampler._find_walker()
+    assert "stack sampling off: the C stack walker is not built" in caplog.text
+
+
+def test_the_c_walker_survives_threads_that_come_and_go_beside_profiler_windows(tmp_path) -> None:
+    """The torture that crashed a Python walk of the stacks (SIGSEGV in f_back, CPython 3.11, within
+    seconds in each of four runs here): threads started and ended all the time, deep recursion
+    through torch ops and generators, torch.profiler windows with Python stacks opening and closing,
+    and a sampler at 500 Hz. With the C walker the process samples to the end and exits cleanly."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / "scripts" / "stack_walk_torture.py"
+    out = subprocess.run([sys.executable, "-X", "faulthandler", str(script), "c", "10", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("survived")][-1]
+    fields = dict(kv.split("=") for kv in line.split()[2:])
+    assert int(fields["samples"]) > 500 and int(fields["windows"]) > 20, line
