@@ -19,7 +19,6 @@ logs one line and uses the Python reader.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
 import platform
 import sys
@@ -111,15 +110,12 @@ def load_native(cache_dir: str | Path) -> Any | None:
     try:
         import torch  # noqa: F401  (the module links against torch's libraries)
 
-        spec = importlib.util.spec_from_file_location(module_name(key), so)
-        if spec is None or spec.loader is None:
-            return None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        from rankscope.producers.native_load import load_module
+
+        return load_module(module_name(key), so, ABI)
     except Exception as e:
         log.warning("rankscope: native trace reader %s does not load (%s); using the Python reader", so, e)
         return None
-    return mod if getattr(mod, "ABI", None) == ABI else None
 
 
 def extract_columns(native: Any, result: Any, *, clock_offset_ns: int | None = None) -> RawEvents:

@@ -5,7 +5,6 @@ ninja, so it builds where the C++ trace reader does not (a torch outside the tes
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
 import os
 import platform
@@ -60,16 +59,11 @@ def build(cache_dir: str | Path) -> Path:
 
 def load(cache_dir: str | Path) -> Any | None:
     """The built walker for this Python, or None (not built, or it does not load)."""
+    from rankscope.producers.native_load import load_module
+
     try:
         so = _path(cache_dir)
-        if not so.exists():
-            return None
-        spec = importlib.util.spec_from_file_location(NAME, so)
-        if spec is None or spec.loader is None:
-            return None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        return load_module(NAME, so, ABI) if so.exists() else None
     except Exception as e:
         log.warning("rankscope: stack walker %s does not load (%s)", cache_dir, e)
         return None
-    return mod if getattr(mod, "ABI", None) == ABI else None
