@@ -34,7 +34,6 @@ without it GPU streams still come from ``device_resource_id`` but bytes and coll
 from __future__ import annotations
 
 import json
-import logging
 import re
 import time
 from collections.abc import Iterable
@@ -49,6 +48,7 @@ from rankscope.producers.categories import (
     classify,
     is_collective_cpu,
 )
+from rankscope.producers.trace_function_events import from_function_events, legacy_start_ns
 
 ADDR_RE = re.compile(r" at 0x[0-9a-fA-F]+")
 # Names torch itself drops from prof.events() (torch/autograd/profiler_util.py:_filter_name).
@@ -62,8 +62,6 @@ DEVICE_TYPES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annota
                            "concurrent_kernel"})
 _DAY_NS = 86_400 * 10**9
 
-log = logging.getLogger("rankscope.trace")
-_LEGACY_SAID: list[bool] = []
 
 
 # The entry functions of the tracer's threads (producers/*.py), as the profiler names python frames.
@@ -346,7 +344,7 @@ def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns
             return extract_columns(native, result, clock_offset_ns=clock_offset_ns)
     events, offset = _results(prof, clock_offset_ns)
     if events is not None and len(events) and not hasattr(type(events[0]), "activity_type"):
-        events, trace_start_ns, clock_offset_ns = None, _legacy_start_ns(prof), offset
+        events, trace_start_ns, clock_offset_ns = None, legacy_start_ns(kineto_result(prof)), offset
     if events is None:
         try:
             fevents = prof.events()
@@ -356,7 +354,7 @@ def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns
             raise ValueError("profiler has no results; call stop() first (or use on_trace_ready)")
         if trace_start_ns is None:
             raise ValueError("FunctionEvent timestamps are relative to the trace start: pass trace_start_ns")
-        return RawEvents.from_dicts(_from_function_events(fevents, trace_start_ns + (clock_offset_ns or 0)))
+        return RawEvents.from_dicts(from_function_events(fevents, trace_start_ns + (clock_offset_ns or 0)))
     out = RawEvents(offset)
     if not len(events):
         return out
@@ -430,21 +428,6 @@ def extract_raw(prof: Any, *, clock_offset_ns: int | None = None, trace_start_ns
     return out
 
 
-def _legacy_start_ns(prof: Any) -> int:
-    """The trace start of a torch whose KinetoEvent has no ``activity_type`` (before 2.13), whose
-    window is then read from ``prof.events()``: every event is kept, without the Python call tree's
-    ids, and reading is slower. Said once in the log."""
-    if not _LEGACY_SAID:
-        _LEGACY_SAID.append(True)
-        import torch
-
-        log.info("rankscope: torch %s's profiler events have no activity type: trace windows are read "
-                 "through FunctionEvents (slower; CUDA runtime calls and memcpy known by name; Python frames "
-                 "only where torch lists them, without their call tree)", torch.__version__)
-    result = kineto_result(prof)
-    return int(result.trace_start_ns())
-
-
 def _add_device(out: RawEvents, e: Any, at: str, name: str) -> None:
     """One device-side event (kernel, memcpy/memset, GPU annotation, ...)."""
     meta = _parse_meta(e)
@@ -469,43 +452,3 @@ def _add_device(out: RawEvents, e: Any, at: str, name: str) -> None:
     g["corr"].append(e.correlation_id())
     g["linked"].append(e.linked_correlation_id())
     g["bytes"].append(nbytes)
-
-
-# What a FunctionEvent without an activity type (torch before 2.13) is, by its name.
-_RUNTIME_NAME = re.compile(r"^cu(da)?[A-Z]\w*$")
-_STEP_STAR = "ProfilerStep*"
-
-
-def _legacy_type(name: str, cpu: bool) -> str:
-    if cpu:
-        return "cuda_runtime" if _RUNTIME_NAME.match(name) else "cpu_op"
-    return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
-
-
-def _from_function_events(fevents: Iterable[Any], base_ns: int) -> list[dict[str, Any]]:
-    out = []
-    steps = 0
-    for fe in sorted(fevents, key=lambda fe: fe.time_range.start):
-        at = getattr(fe, "activity_type", None)
-        dev = getattr(fe, "device_type", None)
-        cpu = dev is None or getattr(dev, "name", str(dev)).upper().endswith("CPU")
-        name = fe.name
-        if not isinstance(at, str):
-            at = ("python_function" if getattr(fe, "is_python_function", False) else
-                  "user_annotation" if getattr(fe, "is_user_annotation", False) else _legacy_type(name, cpu))
-        if name == _STEP_STAR and cpu:   # an older torch names every step so: number the host's in order
-            name, steps = f"ProfilerStep#{steps}", steps + 1
-        start = base_ns + int(round(fe.time_range.start * 1000))
-        rec: dict[str, Any] = {"type": at, "name": name, "start_ns": start,
-                               "dur_ns": int(round(fe.time_range.elapsed_us() * 1000)),
-                               "corr": int(getattr(fe, "id", 0) or 0)}
-        if cpu:
-            rec["tid"] = int(getattr(fe, "device_resource_id", -1) or getattr(fe, "thread", -1))
-            rec["py_id"] = int(getattr(fe, "python_id", -1) or -1) if at == "python_function" else -1
-            rec["py_parent"] = int(getattr(fe, "python_parent_id", -1) or -1) if at == "python_function" else -1
-        else:
-            rec["device"] = int(getattr(fe, "device_index", 0))
-            rec["stream"] = int(getattr(fe, "device_resource_id", -1))
-            rec["linked"] = int(getattr(fe, "linked_correlation_id", 0) or 0)
-        out.append(rec)
-    return out

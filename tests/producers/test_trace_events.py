@@ -495,14 +495,15 @@ def test_an_older_torchs_function_events_are_typed_by_name() -> None:
     ``ProfilerStep*``, runtime calls and copies told apart only by name."""
     from types import SimpleNamespace
 
-    from rankscope.producers.trace_extract import RawEvents, _from_function_events
+    from rankscope.producers.trace_extract import RawEvents
+    from rankscope.producers.trace_function_events import from_function_events
 
     def fe(name: str, start_us: float, dur_us: float, device: str = "CPU", **kw: Any) -> Any:
         return SimpleNamespace(name=name, device_type=SimpleNamespace(name=device), id=1, device_index=0,
                                device_resource_id=7, linked_correlation_id=0,
                                time_range=SimpleNamespace(start=start_us, elapsed_us=lambda d=dur_us: d), **kw)
 
-    events = _from_function_events([
+    events = from_function_events([
         fe("ProfilerStep*", 100.0, 50.0, is_user_annotation=True), fe("ProfilerStep*", 0.0, 90.0, is_user_annotation=True),
         fe("aten::mm", 1.0, 5.0), fe("cudaLaunchKernel", 2.0, 1.0), fe("cuMemcpyHtoDAsync_v2", 3.0, 1.0),
         fe("Memcpy HtoD (Pinned -> Device)", 4.0, 2.0, device="CUDA"), fe("Memset (Device)", 5.0, 1.0, device="CUDA"),
