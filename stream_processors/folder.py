@@ -14,19 +14,23 @@ Contract:
   (:func:`~rankscope.stream_processors.rebuild.rebuild_shards`); revoked ones are dropped.
 - Offsets are stored after the fold and committed every 250 ms (at least once; folds are idempotent),
   so the committed offset, which lag monitors read, trails the fold by at most that.
+- The profiles partitions of the same numbers (same key, job/rank) are read beside them, from
+  PROFILE_LOOKBACK_S before the assignment, by a consumer of their own that commits nothing: only a
+  rank's newest profile interval matters (stream_processors/profile_digest.py).
 - A bad message becomes a dead letter with its reason and is counted; an error in one fold is
   logged and counted. Anything else ends the process (exit code 70) for its supervisor to restart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from rankscope.clock import Clock
 from rankscope.config import Settings
@@ -39,6 +43,9 @@ from rankscope.topics import Topic
 from rankscope.wire import WireError, decode
 
 log = logging.getLogger("rankscope.processors")
+
+PROFILE_LOOKBACK_S = 60.0
+PROFILE_BATCH = 64
 
 
 class ShardFolder:
@@ -55,6 +62,7 @@ class ShardFolder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._topic = Topic.STEPS.name_for(settings)
+        self._profiles_topic = Topic.PROFILES.name_for(settings)
         self._names = {t: t.name_for(settings) for t in Topic}
 
     def start(self) -> None:
@@ -84,6 +92,9 @@ class ShardFolder:
             "logger": log, "log_level": 3})
         self.producer = Producer({**client_conf(s, fatal=True), "linger.ms": 5, "compression.type": "lz4",
                                   "partitioner": "murmur2_random", "logger": log, "log_level": 3})
+        self.profiles_consumer = Consumer({
+            **client_conf(s, fatal=True), "group.id": f"{self.group_id}-profiles", "enable.auto.commit": False,
+            "auto.offset.reset": "latest", "fetch.wait.max.ms": 100, "logger": log, "log_level": 3})
         self.consumer.subscribe([self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
         next_tick = self.clock.monotonic() + s.scan_interval_s
@@ -93,6 +104,9 @@ class ShardFolder:
                 msgs = self.consumer.consume(s.processors_batch, timeout=wait)
                 if msgs:
                     self.fold(msgs)
+                profiles = self.profiles_consumer.consume(PROFILE_BATCH, timeout=0)
+                if profiles:
+                    self.fold_profiles(profiles)
                 if self.clock.monotonic() >= next_tick:
                     next_tick = self.clock.monotonic() + s.scan_interval_s
                     t0 = time.perf_counter()
@@ -101,6 +115,7 @@ class ShardFolder:
                 self.producer.poll(0)
         finally:
             self.consumer.close()
+            self.profiles_consumer.close()
             self.producer.flush(5)
 
     def fold(self, msgs: list[Any]) -> None:
@@ -129,6 +144,23 @@ class ShardFolder:
             high = cached_high(self.consumer, m.topic(), m.partition())
             self.stage.mark_read(m.partition(), high > m.offset() + 1)
 
+    def fold_profiles(self, msgs: list[Any]) -> None:
+        for m in msgs:
+            if m.error():
+                continue
+            try:
+                env = decode(m.value())
+                if env.kind != "profile":
+                    raise WireError("unexpected_kind", f"{env.kind!r} on {m.topic()}; expected ['profile']")
+            except WireError as e:
+                self.dead_letter(m, e.reason, str(e))
+                continue
+            try:
+                self.stage.ingest_profile(m.partition(), env)
+            except Exception as e:
+                self.counter.add("processors", "apply_failed")
+                log.exception("failed to digest the profile of %s/%s: %s", env.job, env.rank, e)
+
     def tick(self) -> None:
         for topic, key, value in self.stage.tick(self.clock.wall_ns() / 1e9):
             self._produce(self._names[topic], key, value)
@@ -156,10 +188,26 @@ class ShardFolder:
         rebuilt = rebuild_shards(self.settings, new, self.clock.wall_ns() / 1e9)
         self.stage.install(rebuilt)
         log.warning("assigned steps partitions %s (%d shard jobs rebuilt)", new, len(rebuilt))
+        self._assign_profiles(new)
+
+    def _assign_profiles(self, partitions: list[int]) -> None:
+        """Read the profiles partitions of these numbers from PROFILE_LOOKBACK_S ago."""
+        if not partitions:
+            return
+        since_ms = int(self.clock.wall_ns() / 1e6 - PROFILE_LOOKBACK_S * 1000)
+        wanted = [TopicPartition(self._profiles_topic, p, since_ms) for p in partitions]
+        try:
+            starts = self.profiles_consumer.offsets_for_times(wanted, timeout=10)
+        except Exception as e:    # the profiles topic missing or slow to answer: read from its end
+            log.warning("profiles partitions %s start at their end: %s", partitions, e)
+            starts = [TopicPartition(self._profiles_topic, p, -1) for p in partitions]
+        self.profiles_consumer.incremental_assign(starts)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         gone = {tp.partition for tp in partitions}
         self.assigned -= gone
         self.stage.revoke(gone)
         self.metrics.forget_partitions(self._topic, gone)
+        with contextlib.suppress(Exception):   # partitions never assigned there
+            self.profiles_consumer.incremental_unassign([TopicPartition(self._profiles_topic, p) for p in gone])
         log.warning("revoked steps partitions %s", sorted(gone))

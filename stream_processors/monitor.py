@@ -45,6 +45,7 @@ __all__ = ["JobMonitor", "slow_ranks", "stale_after_s"]
 MAX_ALERT_RANKS = 256
 MAX_DETAIL_RANKS = 64
 FORGET_SHARD_S = 60.0   # a shard silent this long no longer holds the job's rules back
+PROFILE_MAX_AGE_S = 60.0   # a rank's profile digest this much older than the newest one is left out
 
 
 def stale_after_s(settings: Settings) -> float:
@@ -60,12 +61,16 @@ class JobMonitor:
     waiters_stalled_since_s: float = -1.0
     slow: SlowRule = field(default_factory=SlowRule)
     retired: bool = False       # a shard said the job went idle there
+    profiles: dict[int, tuple[int, dict[str, float]]] = field(default_factory=dict)  # rank -> newest digest
 
     # Input -------------------------------------------------------------------------------------
     def add_summary(self, summary: ShardSummary) -> None:
         """Keep a shard's latest summary (an older one arriving late is ignored; its steps' arrivals
         still count). Raises WireError when its arrival rows are malformed."""
         self.slow.add(summary)
+        for rank, digest in summary.profiles.items():
+            if rank not in self.profiles or self.profiles[rank][0] < digest[0]:
+                self.profiles[rank] = digest
         cur = self.shards.get(summary.shard)
         if cur is not None and cur.ts_ns > summary.ts_ns:
             return
@@ -74,6 +79,14 @@ class JobMonitor:
             self.retired = True
         else:
             self.shards[summary.shard] = summary
+
+    def profile_shares(self) -> dict[int, dict[str, float]]:
+        """Each rank's newest profile digest (stream_processors/profile_digest.py), those of the last
+        PROFILE_MAX_AGE_S before the newest."""
+        if not self.profiles:
+            return {}
+        newest = max(t for t, _ in self.profiles.values())
+        return {r: s for r, (t, s) in self.profiles.items() if newest - t <= PROFILE_MAX_AGE_S * 1e9}
 
     def restore(self, alert: Alert) -> None:
         """Take back an incident from the alerts topic after a restart: it keeps its ``alert_id``."""
@@ -418,4 +431,6 @@ def _change_key(alert: Alert) -> str:
         return repr((tuple(alert.details.get("dead_ranks", [])),))
     if alert.kind == "rank_failed":
         return repr((tuple(alert.ranks), alert.details.get("follower_count", 0)))
+    if alert.kind == "slow_rank":   # the profile naming a call path first, or another one, is news
+        return repr((tuple(alert.ranks), [p["function"] for p in alert.details.get("profile", [])[:1]]))
     return repr((tuple(alert.ranks),))

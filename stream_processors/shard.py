@@ -13,6 +13,7 @@ from typing import Any
 
 from rankscope.config import Settings
 from rankscope.rank_states import DEAD, RUNNING, WAITING, exited_state
+from rankscope.stream_processors import profile_digest
 from rankscope.stream_processors.analysis.outliers import peer_z
 from rankscope.stream_processors.arrivals import ShardArrivals
 from rankscope.stream_processors.collective_arrivals import ShardCollectives
@@ -52,6 +53,16 @@ class ShardJob:
         self.new_steps = 0
         self.arrivals = ShardArrivals()
         self.collectives = ShardCollectives()
+        self.profiles: dict[int, tuple[int, profile_digest.Shares]] = {}   # rank -> newest digest
+        self.profiles_unsent: set[int] = set()
+
+    def add_profile(self, rank: int, t1_ns: int, shares: profile_digest.Shares) -> None:
+        """A rank's newest profile digest (an older interval arriving late is ignored)."""
+        cur = self.profiles.get(rank)
+        if cur is not None and cur[0] >= t1_ns:
+            return
+        self.profiles[rank] = (t1_ns, shares)
+        self.profiles_unsent.add(rank)
 
     def apply(self, env: Envelope, now_s: float, settings: Settings) -> None:
         st = self.ranks.get(env.rank)
@@ -131,6 +142,10 @@ class ShardJob:
         rows = [self._row(st) for st in chosen]
         summary = ShardSummary(shard=self.shard, ts_ns=int(now_s * 1e9), agg=agg, rows=rows, stacks=stacks,
                                failures=self._failures(crashed))
+        if self.profiles_unsent:
+            _, sent = profile_digest.pack({r: self.profiles[r] for r in sorted(self.profiles_unsent)})
+            summary.profiles = {r: self.profiles[r] for r in sent}
+            self.profiles_unsent.difference_update(sent)
         return _within_bound(summary)
 
     @staticmethod
@@ -233,11 +248,14 @@ def busy_z_scores(busy: dict[int, int]) -> dict[int, float]:
 
 
 def _within_bound(summary: ShardSummary) -> ShardSummary:
-    """Drop stacks, then failures past the first, then rows, until the encoded summary fits MAX_SUMMARY_BYTES."""
+    """Drop profile digests, then stacks, then failures past the first, then rows, until the encoded
+    summary fits MAX_SUMMARY_BYTES."""
     import msgpack
 
     while len(msgpack.packb(summary.to_body(), use_bin_type=True)) > MAX_SUMMARY_BYTES - 1000:
-        if summary.stacks:
+        if summary.profiles:
+            summary.profiles = {}
+        elif summary.stacks:
             summary.stacks = dict(list(summary.stacks.items())[:-1])
         elif len(summary.failures) > 1:
             summary.failures = summary.failures[: len(summary.failures) // 2]

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.last_arrivals import Step, enter_share, horizon_stats, latest_horizon
+from rankscope.stream_processors import profile_digest
 from rankscope.stream_processors.analysis.outliers import flag_slow
 from rankscope.stream_processors.arrivals import ArrivalLedger, parse_arrivals
 from rankscope.stream_processors.collective_arrivals import CollectiveLedger, parse_coll
@@ -177,6 +178,9 @@ class SlowRule:
         if not slow:
             return self._resolve(mon, now_s, "no rank holds the job back any more")
         details = self._details(view, stats, horizon, slow, stepping, world, settings)
+        named_paths = profile_digest.above_peers(mon.profile_shares(), slow)
+        if named_paths:
+            details["profile"] = named_paths
         worst = max(slow, key=lambda r: stats.get(r, (0.0, 0.0))[1])
         share, cost = stats.get(worst, (0.0, 0.0))
         if source == STEPS:
@@ -188,6 +192,10 @@ class SlowRule:
         summary = (f"job {mon.job}: rank{'s' if len(slow) > 1 else ''} {','.join(map(str, slow[:16]))} slow: "
                    f"last to reach {where} in {share:.0%} of the last {len(horizon)} {items} "
                    f"({details['horizon_s']:.0f} s), costing {cost:.1%} of the job's time")
+        if named_paths:
+            top = named_paths[0]
+            summary += (f"; {'their' if len(slow) > 1 else 'its'} profile: {top['share']:.0%} of its time in {top['function']}, "
+                        f"its peers' median {top['peers_median_share']:.0%}")
         return mon._open_or_update("slow_rank", now_s, slow[:MAX_ALERT_RANKS], max(view.min_step, 0), summary,
                                    "warning", [], details, lost=self.lost_rank_seconds)
 

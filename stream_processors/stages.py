@@ -2,7 +2,8 @@
 
 - :class:`ShardStage` owns the steps partitions assigned to this worker: one
   :class:`~rankscope.stream_processors.shard.ShardJob` per (partition, job). Each tick it emits every
-  shard's bounded summary (``shards`` topic, key = job) and the rolling per-rank statistics.
+  shard's bounded summary (``shards`` topic, key = job) and the rolling per-rank statistics. It also
+  takes the ranks' profiles from the profiles partitions of the same numbers (same key, job/rank).
 - :class:`JobStage` owns the ``shards`` partitions assigned to this worker, i.e. the jobs they
   carry (key = job): one :class:`~rankscope.stream_processors.monitor.JobMonitor` per job. Each tick it
   evaluates the job-wide rules and returns the alerts to publish.
@@ -17,6 +18,8 @@ from collections.abc import Iterable
 
 from rankscope.alerts import Alert
 from rankscope.config import Settings
+from rankscope.protocol import profile
+from rankscope.stream_processors import profile_digest
 from rankscope.stream_processors.monitor import JobMonitor
 from rankscope.stream_processors.shard import ShardJob
 from rankscope.stream_processors.summary import ShardSummary
@@ -61,6 +64,20 @@ class ShardStage:
         sj.apply(env, now_s, self.settings)
         if env.sent_ns > self.newest_sent_ns.get(partition, 0):
             self.newest_sent_ns[partition] = env.sent_ns
+
+    def ingest_profile(self, partition: int, env: Envelope) -> bool:
+        """A rank's ``profile`` message read from the profiles partition of the same number: its
+        digest joins the rank's shard (False when the shard holds no such job yet, or the message
+        no training thread)."""
+        sj = self.shards.get((partition, env.job))
+        if sj is None:
+            return False
+        body = profile.from_validated(env.body)
+        shares = profile_digest.digest(body)
+        if not shares:
+            return False
+        sj.add_profile(env.rank, body.t1_ns, shares)
+        return True
 
     def mark_read(self, partition: int, waiting: bool) -> None:
         """After a batch: were more messages of ``partition`` waiting past the last one read?"""

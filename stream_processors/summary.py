@@ -5,7 +5,7 @@ per job with ranks on it, one summary: counts and histograms over all of the job
 plus rows for at most a few hundred ranks that a rule may name (the longest without progress,
 the lowest steps, the slowest, the silent, the crashed; every rank when there are few), and the
 shard's first failures (ranks that exited with an exception or a signal), the first few with
-their tracebacks. Its size
+their tracebacks, and the newest profile digests of ranks whose profile changed. Its size
 is bounded whatever the job size (:data:`MAX_SUMMARY_BYTES`); :meth:`ShardSummary.from_body`
 validates at the boundary and raises :class:`~rankscope.wire.WireError`.
 """
@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from rankscope.stream_processors import profile_digest
 from rankscope.wire import WireError
 
 MAX_SUMMARY_BYTES = 60_000
@@ -79,12 +80,16 @@ class ShardSummary:
     rows: list[Row] = field(default_factory=list)
     stacks: dict[str, StackInfo] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)   # optional on the wire (absent: none)
+    # rank -> (interval end, training-thread share per call path): stream_processors/profile_digest.py
+    profiles: dict[int, tuple[int, dict[str, float]]] = field(default_factory=dict)   # optional on the wire
 
     def to_body(self) -> dict[str, Any]:
         body = {"shard": self.shard, "ts_ns": self.ts_ns, "agg": self.agg, "rows": [list(r) for r in self.rows],
                 "stacks": {k: [v.count, v.waiting, v.frames, v.sample] for k, v in self.stacks.items()}}
         if self.failures:
             body["failures"] = [list(f) for f in self.failures]
+        if self.profiles:
+            body["profiles"] = profile_digest.pack(self.profiles, max_chars=MAX_SUMMARY_BYTES)[0]
         return body
 
     @classmethod
@@ -115,6 +120,12 @@ class ShardSummary:
                 if not isinstance(v, t) or isinstance(v, bool):
                     raise WireError("bad_body", f"shard.failures value {v!r} is not {t}")
             failures.append(Failure(*raw[:-1], frames=[str(f) for f in raw[-1]]))  # type: ignore[misc]
+        profiles = {}
+        if "profiles" in body:
+            try:
+                profiles = profile_digest.unpack(body["profiles"])
+            except ValueError as e:
+                raise WireError("bad_body", f"shard.{e}") from None
         agg = body["agg"]
         for name in AGG_INTS:
             if not isinstance(agg.get(name), int) or isinstance(agg.get(name), bool):
@@ -122,7 +133,8 @@ class ShardSummary:
         for name in ("step_hist", "busy_hist"):
             if not isinstance(agg.get(name), dict):
                 raise WireError("bad_body", f"shard.agg.{name} missing")
-        return cls(shard=body["shard"], ts_ns=body["ts_ns"], agg=agg, rows=rows, stacks=stacks, failures=failures)
+        return cls(shard=body["shard"], ts_ns=body["ts_ns"], agg=agg, rows=rows, stacks=stacks, failures=failures,
+                   profiles=profiles)
 
 
 AGG_INTS = ("ranks", "live", "exited", "crashed", "silent", "world_size", "min_step", "max_step",

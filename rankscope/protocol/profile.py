@@ -99,6 +99,11 @@ def validate(body: dict[str, Any]) -> ProfileBody:
     return p
 
 
+def from_validated(body: dict[str, Any]) -> ProfileBody:
+    """The struct of a body :func:`validate` (or wire.decode) has already accepted."""
+    return ProfileBody(**{name: body[name] for name in _FIELDS})
+
+
 def rows(p: ProfileBody) -> list[tuple[str, str, int]]:
     """(role, ``"root;...;leaf"``, count) for each row, and ``(role, "", other)`` for each role's
     samples left out, of a validated body. Raises ValueError on a call path deeper than MAX_DEPTH."""

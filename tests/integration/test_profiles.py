@@ -18,12 +18,14 @@ from rankscope.cli import main
 from rankscope.config import Settings
 from rankscope.storage.profiles import profile_rows
 from rankscope.storage.store import Store
-from tests.integration.helpers import processors_and_sink, rankscope_run, stop_process, tail, wait_until
+from tests.integration.helpers import AlertReader, processors_and_sink, rankscope_run, stop_process, tail, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.torchrun]
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "plain_ddp.py"
-RULES = {"RANKSCOPE_PROFILE_HZ": "20", "RANKSCOPE_PROFILE_S": "5", "RANKSCOPE_STRAGGLER_MIN_S": "10"}
+# No automatic trace window: what the slow-rank alert says of the slow rank's code comes from profiles.
+RULES = {"RANKSCOPE_PROFILE_HZ": "20", "RANKSCOPE_PROFILE_S": "5", "RANKSCOPE_STRAGGLER_MIN_S": "10",
+         "RANKSCOPE_AUTO_TRACE_STEPS": "0"}
 EXTRA = "tokenize_captions"
 GETITEM = "Samples.__getitem__"
 
@@ -72,6 +74,24 @@ def test_the_function_only_one_rank_calls_tops_its_differential(stack: Stack, jo
     # ~20 ms of each ~(20 + x) ms step over >= 25 s: seconds of it, and none on the peers.
     assert top["added_s"] > 3 and top["peers_median_s"] == 0, diff.head(5).to_string()
     assert not per[per["rank"] != 1]["path"].str.contains(EXTRA).any()
+
+
+def test_the_slow_rank_alert_names_that_function_without_a_trace_window(stack: Stack, job: str) -> None:
+    settings, store, _work = stack
+    reader = AlertReader(settings)
+    try:
+        alert = reader.wait_for(lambda a: a.job == job and a.kind == "slow_rank" and bool(a.details.get("profile")),
+                                120, "of the slow rank naming a call path from its profile")
+        first = next(a for a in reader.alerts(job) if a.kind == "slow_rank")
+    finally:
+        reader.close()
+    assert alert.ranks == [1] and first.ranks == [1], alert.summary
+    top = alert.details["profile"][0]
+    assert f" {EXTRA}" in top["function"] and top["peers_median_share"] == 0, alert.details["profile"]
+    assert EXTRA in alert.summary
+    windows = store.query_rows("SELECT count() FROM rankscope.trace_windows WHERE job = {j:String}",
+                               parameters={"j": job})[0][0]
+    assert windows == 0
 
 
 def test_dataloader_workers_are_sampled_under_their_rank(stack: Stack, job: str) -> None:
