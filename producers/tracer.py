@@ -90,6 +90,7 @@ class Tracer:
             self.settings.bootstrap, queue_max=self.settings.queue_max, producer_config=client_conf(self.settings),
             compression=self.settings.producer_compression, client_id=f"rankscope-{self.identity.job}-{self.identity.rank}")
         self._seq = 0
+        self._send_failures = 0
         self._seq_lock = threading.Lock()
         self._control_topic = Topic.CONTROL.name_for(self.settings)
         self._replies_topic = Topic.REPLIES.name_for(self.settings)
@@ -168,7 +169,8 @@ class Tracer:
 
     @property
     def dropped(self) -> int:
-        return int(getattr(self.transport, "dropped", 0)) if self._ok else 0
+        """Messages lost: those the transport dropped, and those whose send raised."""
+        return int(getattr(self.transport, "dropped", 0)) + self._send_failures if self._ok else 0
 
     def step(self) -> None:
         """Mark the end of the current step and the start of the next. Never raises."""
@@ -318,7 +320,7 @@ class Tracer:
             seq = self._seq
         env = Envelope(kind=kind, job=self.identity.job, rank=self.identity.rank, host=self.identity.host,
                        pid=self.identity.pid if pid is None else pid, seq=seq, sent_ns=self.clock.wall_ns(), body=body)
-        self.transport.send(self._profiles_topic, self._rank_key, encode(env))
+        self._transport_send(self._profiles_topic, self._rank_key, encode(env))
 
     def _send(self, kind: str, body: dict[str, Any]) -> None:
         self._send_to(self._steps_topic, self._rank_key, kind, body)
@@ -329,7 +331,19 @@ class Tracer:
             seq = self._seq
         env = Envelope(kind=kind, job=self.identity.job, rank=self.identity.rank, host=self.identity.host,
                        pid=self.identity.pid, seq=seq, sent_ns=self.clock.wall_ns(), body=body)
-        self.transport.send(topic, key, encode(env))
+        self._transport_send(topic, key, encode(env))
+
+    def _transport_send(self, topic: str, key: bytes, value: bytes) -> None:
+        """Hand a message to the transport; one whose send raises is counted as dropped (``dropped``)."""
+        try:
+            self.transport.send(topic, key, value)
+        except Exception as e:
+            with self._seq_lock:
+                self._send_failures += 1
+                first = self._send_failures == 1
+            if first:
+                log.warning("rankscope: a send failed (%s: %s); failed sends are counted as dropped",
+                            type(e).__name__, e)
 
     def _ack(self, request_id: str, status: str, detail: str, **extra: Any) -> None:
         self._send_to(self._replies_topic, self._key, "ack",

@@ -129,8 +129,8 @@ class Settings:
     coll_timing: bool = True
     coll_read_s: float = 3.0   # the ring is read at each multiple of this many seconds of wall time
     # Stack sampling (producers/stack_sampler.py): samples per second (0 = off) and how often a rank
-    # sends what it sampled. Off by default until a SIGSEGV seen with it on is understood (README).
-    profile_hz: float = 0.0
+    # sends what it sampled.
+    profile_hz: float = 20.0
     profile_s: float = 10.0
     native_reader: bool = True  # read trace windows with the C++ reader when built (rankscope build-native)
     control_enabled: bool = True

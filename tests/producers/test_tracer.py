@@ -82,19 +82,25 @@ def test_heartbeat_carries_stacks_only_when_the_step_is_overdue():
 def test_tracer_never_raises_even_with_a_broken_transport():
     class Broken:
         dropped = 0
+        sends = 0
 
         def send(self, *a):
+            self.sends += 1
             raise RuntimeError("boom")
 
         def close(self, timeout_s):
             raise RuntimeError("boom")
 
-    tracer = Tracer(Settings(job_id="j", heartbeat_s=60), transport=Broken(), install_collective_timing=False,
-                    handle_signals=False)
-    tracer.step()
-    tracer.step()
-    assert tracer.current_step == 1     # still tracing: the failed sends did not turn it off
-    tracer.close()
+    broken = Broken()
+    # No sampler threads: every send is the training thread's or close()'s.
+    tracer = Tracer(Settings(job_id="j", heartbeat_s=60, hw_sample_s=0, profile_hz=0), transport=broken,
+                    install_collective_timing=False, handle_signals=False)
+    for _ in range(100):
+        tracer.step()
+    assert tracer.current_step == 99     # training went on, and the tracer still counts its steps
+    assert broken.sends >= 1 and tracer.dropped == broken.sends   # the first beat, counted as dropped
+    tracer.close()                       # the last beat fails too, and close still returns
+    assert broken.sends >= 2 and tracer.dropped == broken.sends
 
 
 def test_no_broker_does_not_block_or_raise():
