@@ -16,11 +16,36 @@ from rankscope.protocol.profile import ROLES
 ALL_RANKS = "all ranks"
 
 
+def linked(key: str, options: list[str]) -> tuple[int, int]:
+    """Follow a link from an alert (``?profile_rank=R&profile_from=NS[&profile_to=NS]``): preselect
+    the rank once per link, and return the link's time bounds (0: none)."""
+    qp = st.query_params
+    rank = qp.get("profile_rank")
+    if rank in options and st.session_state.get(f"_{key}_linked") != rank:
+        st.session_state[f"{key}_rank"] = rank
+        st.session_state[f"_{key}_linked"] = rank
+    bounds = []
+    for name in ("profile_from", "profile_to"):
+        try:
+            bounds.append(max(0, int(qp.get(name) or 0)))
+        except ValueError:
+            bounds.append(0)
+    return bounds[0], bounds[1]
+
+
 def render(cfg: Settings, job: str, ranks: list[int], host: str = "", key: str = "profile") -> None:
     rng = ui.time_range()
     t0, t1 = rng.bounds()
+    options = [ALL_RANKS, *[str(r) for r in ranks]]
+    since, until = linked(key, options)
+    if since:
+        t0 = max(t0, since)
+        st.caption(f"From the alert's link: since {pd.Timestamp(since, unit='ns', tz='UTC'):%H:%M:%S} UTC"
+                   + (f", until {pd.Timestamp(until, unit='ns', tz='UTC'):%H:%M:%S} UTC" if until else ""))
+    if until:
+        t1 = min(t1, until)
     c = st.columns([2, 3])
-    pick = c[0].selectbox("Rank", [ALL_RANKS, *[str(r) for r in ranks]], key=f"{key}_rank",
+    pick = c[0].selectbox("Rank", options, key=f"{key}_rank",
                           help="One rank also shows where it spends more than its peers.")
     roles = c[1].multiselect("Threads", list(ROLES), default=["training"], key=f"{key}_roles",
                              help="training: the thread that calls tracer.step(); dataloader: DataLoader worker "
@@ -44,6 +69,8 @@ def render(cfg: Settings, job: str, ranks: list[int], host: str = "", key: str =
     if grown.empty:
         st.caption(f"Rank {rank} spends no more time than its peers' median in any call path.")
     else:
+        top = grown.iloc[0]
+        st.markdown(f"Most added: `{top['function']}`, {top['added_s']:.1f} s more than its peers' median")
         st.dataframe(pd.DataFrame({"function": grown["function"], "added s": grown["added_s"].round(2),
                                    f"rank {rank} s": grown["target_s"].round(2),
                                    "peers' median s": grown["peers_median_s"].round(2), "call path": grown["path"]}),

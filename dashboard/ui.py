@@ -6,6 +6,7 @@ second, so many viewers of one live page cost one query per refresh.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -184,6 +185,7 @@ def render_alert(alert: pd.Series, groups: pd.DataFrame, rank_state: dict[int, s
             st.markdown("**Culprit:** " + (", ".join(words) or "unknown"))
         elif alert["kind"] == "slow_rank":
             st.markdown(f"**Slow rank {rank_list(culprits)}** {STATE_BADGE['slow']}")
+            render_slow_profile(alert, culprits)
         elif alert["kind"] == "rank_failed":
             st.markdown(f"**Failed first:** rank {rank_list(culprits)} {STATE_BADGE['exited']} at step {alert['step']}"
                         " (its traceback is below; the ranks that failed after it are followers)")
@@ -213,6 +215,40 @@ def render_alert(alert: pd.Series, groups: pd.DataFrame, rank_state: dict[int, s
             who = f"ranks {rank_list(list(g.ranks))}"
             st.markdown(f"{f'**{who}**' if g.culprit else who} · thread `{g.thread}` {tag}")
             st.code("\n".join(g.frames) or "(no frames)", language=None)
+
+
+def alert_details(alert: pd.Series) -> dict[str, Any]:
+    """The ``details`` of an alert row's JSON body ({} when it has none or does not parse)."""
+    try:
+        details = json.loads(str(alert.get("body") or "{}")).get("details")
+    except (ValueError, AttributeError):
+        return {}
+    return details if isinstance(details, dict) else {}
+
+
+def profile_link(alert: pd.Series, rank: int) -> dict[str, str]:
+    """The Job page's query parameters for ``rank``'s profile against its peers over the incident:
+    from the start of the steps that opened it to its resolution (or now)."""
+    details = alert_details(alert)
+    since = int(alert["opened"].value) - int(float(details.get("horizon_s") or 0) * 1e9) if "opened" in alert \
+        else 0
+    out = {"job": str(alert["job"]), "profile_rank": str(rank), "profile_from": str(max(since, 0))}
+    if not alert["open"] and "resolved" in alert and pd.notna(alert["resolved"]):
+        out["profile_to"] = str(int(alert["resolved"].value))
+    return out
+
+
+def render_slow_profile(alert: pd.Series, culprits: list[int]) -> None:
+    """What a slow-rank alert says of the slow ranks' code (``details.profile``), and a link to the
+    first slow rank's profile against its peers over the incident."""
+    paths = alert_details(alert).get("profile") or []
+    if paths:
+        st.markdown("**Where its time goes** (sampled stacks, against its peers' median): " + "; ".join(
+            f"`{p['function']}` {float(p['share']):.0%} of its time (peers {float(p['peers_median_share']):.0%})"
+            for p in paths if isinstance(p, dict) and {"function", "share", "peers_median_share"} <= set(p)))
+    if culprits:
+        st.page_link(JOB_PAGE, label=f"Profile of rank {culprits[0]} against its peers",
+                     icon=":material/local_fire_department:", query_params=profile_link(alert, culprits[0]))
 
 
 # Pickers shared by pages ----------------------------------------------------------------------------

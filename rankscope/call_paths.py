@@ -6,7 +6,8 @@ and the processors expand summaries at their boundary)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
@@ -56,3 +57,25 @@ def expand_call_paths(functions: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in functions.items() if k not in ("call_paths", "path")}
     out["name"] = [strings[p] if p >= 0 else n for p, n in zip(path, fn, strict=True)]
     return out
+
+
+def _inclusive(values: Mapping[str, float], prefix: str, sep: str) -> float:
+    """The total of the paths that run through ``prefix`` (it included)."""
+    below = prefix + sep
+    return sum(v for p, v in values.items() if p == prefix or p.startswith(below))
+
+
+def departure(per_rank: Mapping[int, Mapping[str, float]], targets: Sequence[int], peers: Sequence[int],
+              path: str, sep: str = ";") -> str:
+    """The frame of ``path`` where the ``targets`` leave what their ``peers`` run: the outermost whose
+    call path holds, in the peers' median, less than a quarter of the targets' mean (time or share per
+    call path, per rank; a rank without a path has 0 there). The innermost frame when there is none:
+    the targets run the same code longer. The slow-rank alert and the dashboard's differential
+    both name a call path by this frame."""
+    frames = path.split(sep)
+    for i in range(1, len(frames) + 1):
+        prefix = sep.join(frames[:i])
+        mine = statistics.fmean(_inclusive(per_rank.get(r, {}), prefix, sep) for r in targets)
+        if statistics.median(_inclusive(per_rank.get(r, {}), prefix, sep) for r in peers) < mine / 4:
+            return frames[i - 1]
+    return frames[-1]

@@ -13,9 +13,12 @@ import gzip
 
 import pandas as pd
 
+from rankscope.call_paths import departure
+
 SEP = ";"
 OTHER = "(other)"
 DIFF_COLUMNS = ["path", "function", "target_s", "peers_median_s", "added_s"]
+NAMED_GROWN = 20      # call paths that grew, named by call_paths.departure
 
 
 def seconds(rows: pd.DataFrame) -> pd.DataFrame:
@@ -50,13 +53,27 @@ def _against_peers(long: pd.DataFrame, key: str, target: set[int] | list[int]) -
 def differential(per_path: pd.DataFrame, target: set[int] | list[int]) -> pd.DataFrame:
     """Where the ``target`` ranks spend more than their peers: per call path, the targets' mean self
     seconds, the peers' median (a peer that never had the path counts 0) and the difference,
-    largest first. ``per_path``: rank, path, seconds (roles summed or filtered by the caller)."""
+    largest first; ``function`` names a path that grew by the frame where it leaves what the peers
+    run (:func:`rankscope.call_paths.departure`), others by their innermost frame. ``per_path``:
+    rank, path, seconds (roles summed or filtered by the caller)."""
     out = _against_peers(per_path, "path", target)
     if out is None:
         return pd.DataFrame(columns=DIFF_COLUMNS)
     out = out[out["path"] != OTHER].copy()
     out["function"] = out["path"].map(leaf)
-    return out.sort_values(["added_s", "path"], ascending=[False, True])[DIFF_COLUMNS].reset_index(drop=True)
+    out = out.sort_values(["added_s", "path"], ascending=[False, True]).reset_index(drop=True)
+    # The call paths that grew are named where they leave what the peers run (as the slow-rank alert does).
+    grown = out.index[out["added_s"] > 0][:NAMED_GROWN]
+    if len(grown):
+        known = per_path[per_path["path"] != OTHER]
+        per_rank: dict[int, dict[str, float]] = {}
+        for rank, path, sec in zip(known["rank"], known["path"], known["seconds"], strict=True):
+            per_rank.setdefault(int(rank), {})[str(path)] = per_rank.get(int(rank), {}).get(str(path), 0.0) + float(sec)
+        mine = sorted(r for r in per_rank if r in set(target))
+        peers = sorted(r for r in per_rank if r not in set(target))
+        if mine and peers:
+            out.loc[grown, "function"] = [departure(per_rank, mine, peers, str(p)) for p in out.loc[grown, "path"]]
+    return out[DIFF_COLUMNS]
 
 
 def inclusive(per_path: pd.DataFrame) -> pd.DataFrame:

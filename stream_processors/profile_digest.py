@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rankscope.call_paths import path_strings
+from rankscope.call_paths import departure, path_strings
 from rankscope.protocol.profile import ProfileBody
 
 TOP_PATHS = 8              # call paths kept per rank
@@ -24,6 +24,7 @@ MAX_FRAMES = 12            # innermost frames kept per call path
 MAX_PACKED_CHARS = 12_000  # path text per shard summary; ranks past it wait for the next summary
 MIN_ADDED_SHARE = 0.02     # a call path is named when the slow ranks spend 2% of their time more in it
 NAMED_PATHS = 3
+MAX_PEERS = 512            # peers the medians are taken over (evenly spread over the ranks)
 SEP = ";"
 ROLE = "training"
 
@@ -89,21 +90,24 @@ def unpack(body: Any) -> dict[int, tuple[int, Shares]]:
 
 
 def above_peers(shares: Mapping[int, Shares], target: Sequence[int], k: int = NAMED_PATHS,
-                min_added: float = MIN_ADDED_SHARE) -> list[dict[str, Any]]:
+                min_added: float = MIN_ADDED_SHARE, max_peers: int = MAX_PEERS) -> list[dict[str, Any]]:
     """The ``k`` call paths where the ``target`` ranks' mean share exceeds their peers' median share
-    (a peer without the path counts 0) by ``min_added`` or more, largest first: function (the
-    innermost frame), path, share, peers_median_share, added_share. Empty without a target's digest
-    or a peer's."""
-    targets = {r for r in target if r in shares}
-    peers = [r for r in shares if r not in set(target)]
+    (a peer without the path counts 0; at most ``max_peers`` peers, evenly spread) by ``min_added``
+    or more, largest first: function (the frame where the path leaves what the peers run,
+    :func:`rankscope.call_paths.departure`), path, share, peers_median_share, added_share. Empty without a target's
+    digest or a peer's."""
+    targets = sorted(r for r in set(target) if r in shares)
+    peers = sorted(r for r in shares if r not in set(target))
     if not targets or not peers:
         return []
+    if len(peers) > max_peers:
+        peers = [peers[i * len(peers) // max_peers] for i in range(max_peers)]
     out: list[dict[str, Any]] = []
     for path in {p for r in targets for p in shares[r]}:
         mine = statistics.fmean(shares[r].get(path, 0.0) for r in targets)
         theirs = statistics.median(shares[r].get(path, 0.0) for r in peers)
         if mine - theirs >= min_added:
-            out.append({"function": path.rsplit(SEP, 1)[-1], "path": path, "share": round(mine, 3),
-                        "peers_median_share": round(theirs, 3), "added_share": round(mine - theirs, 3)})
+            out.append({"path": path, "share": round(mine, 3), "peers_median_share": round(theirs, 3),
+                        "added_share": round(mine - theirs, 3)})
     out.sort(key=lambda d: (-float(d["added_share"]), str(d["path"])))
-    return out[:k]
+    return [{"function": departure(shares, targets, peers, str(d["path"])), **d} for d in out[:k]]

@@ -339,6 +339,26 @@ def test_job_page_profile_panel_shows_a_ranks_differential(app_env):
     assert diff.iloc[0]["function"] == f"data.py:30 {sd.PROFILE_EXTRA}"
 
 
+def test_the_slow_rank_alert_says_where_its_time_goes_and_links_to_its_profile(app_env):
+    at = open_page("views/job.py", job=sd.HANG_JOB)
+    assert not at.exception, at.exception
+    text = page_text(at)
+    assert f"`data.py:30 {sd.PROFILE_EXTRA}` 30% of its time (peers 0%)" in text
+    (link,) = [e for e in at.get("page_link") if "Profile of rank 1" in e.proto.label]
+    assert "profile_rank=1" in link.proto.query_string and "profile_from=" in link.proto.query_string
+
+
+def test_a_profile_link_opens_the_ranks_differential(app_env, now):
+    at = open_page("views/job.py", job=sd.HANG_JOB, profile_rank="1", profile_from=str(now - 200 * sd.S))
+    assert not at.exception, at.exception
+    assert next(s for s in at.selectbox if s.label == "Rank").value == "1"
+    assert f"Most added: `data.py:30 {sd.PROFILE_EXTRA}`" in page_text(at)
+    # A link whose range holds no samples says so.
+    at = open_page("views/job.py", job=sd.HANG_JOB, profile_rank="1", profile_from=str(now + 10 * sd.S))
+    assert not at.exception, at.exception
+    assert "No sampled stacks in this range" in page_text(at)
+
+
 def test_profile_rows_filter_by_rank_role_host_and_time(store, now):
     rows = q.profile_rows(store, sd.HANG_JOB, ranks=[1], roles=["training"], hosts=["node-a"])
     assert set(rows["rank"]) == {1} and set(rows["role"]) == {"training"}

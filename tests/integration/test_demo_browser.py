@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urljoin
 
 import pytest
 
@@ -33,6 +34,7 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
     # the slow-rank alert the test waits for before requesting comes 15-30 s in.
     cmd = [sys.executable, "-m", "rankscope", "demo", "--job", job, "--hang-at-step", "-1", "--hang-after-s", "100"]
     try:
+        started = time.monotonic()
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout + out.stderr
         assert f"http://127.0.0.1:{settings.dashboard_port}" in out.stdout
@@ -48,6 +50,7 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
                 page.wait_for_url(re.compile(rf"/job\?job={re.escape(job)}"), timeout=60_000)
                 wait_for_text(page, "Slow rank 1", 240)
                 screenshot(page, "demo_job_slow")
+                show_where_the_slow_rank_spends_its_time(page, started)
                 request_window_and_find_report(page, base, job)
                 page.goto(f"{base}/job?job={job}")
                 wait_for_text(page, "hang_forever", 240)
@@ -62,6 +65,20 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
             screenshot(page, "demo_job")
     finally:
         subprocess.run([sys.executable, "-m", "rankscope", "down"], env=env, timeout=120)
+
+
+def show_where_the_slow_rank_spends_its_time(page, started: float) -> None:
+    """The slow-rank alert names the function only the slow rank runs, from the sampled stacks, and
+    its link opens that rank's profile against its peers with the function on top."""
+    wait_for_text(page, re.compile(r"^Where its time goes.*slow_extra_compute"), 240)
+    link = page.get_by_role("link", name=re.compile("Profile of rank 1 against its peers")).first
+    href = link.get_attribute("href") or ""
+    assert "profile_rank=1" in href and "profile_from=" in href, href
+    page.goto(urljoin(page.url, href))     # a link to the page it is on: open it as a user's new tab would
+    wait_for_text(page, re.compile(r"^Most added: \S*train.py:\d+ slow_extra_compute,"), 120)
+    print(f"the differential of rank 1 shows slow_extra_compute on top {time.monotonic() - started:.0f} s "
+          "after the demo started")
+    screenshot(page, "demo_profile_differential")
 
 
 def request_window_and_find_report(page, base: str, job: str) -> None:

@@ -121,3 +121,17 @@ def test_the_differential_ranks_what_a_rank_does_more_than_its_peers_median() ->
     assert diff.iloc[-1]["function"] == "torch/x.py:5 all_reduce" and diff.iloc[-1]["added_s"] == -4.25
     nodes = profiles.differential_nodes(per, [1]).set_index("node")
     assert nodes.loc[[("train.py:1 main",)], "added_s"].iloc[0] == 9.5 - 10.25
+
+
+def test_the_differential_names_a_grown_path_where_it_leaves_what_the_peers_run() -> None:
+    # Rank 1 runs the peers' compute again from a function of its own, while they wait for it: that
+    # function names the path. Wall-clock samples: every rank was seen for the same 13 s.
+    peers = [(r, p, s) for r in (0, 2, 3) for p, s in (("main;step;compute", 6.0), ("main;step;wait", 7.0))]
+    per = pd.DataFrame(peers + [(1, "main;step;compute", 6.0), (1, "main;augment;compute", 7.0)],
+                       columns=["rank", "path", "seconds"])
+    diff = profiles.differential(per, [1])
+    assert diff.iloc[0]["path"] == "main;augment;compute" and diff.iloc[0]["function"] == "augment"
+    # The same code run longer keeps its innermost frame.
+    longer = pd.DataFrame(peers + [(1, "main;step;compute", 12.0), (1, "main;step;wait", 1.0)],
+                          columns=["rank", "path", "seconds"])
+    assert profiles.differential(longer, [1]).iloc[0]["function"] == "compute"

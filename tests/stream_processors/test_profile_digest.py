@@ -15,7 +15,7 @@ from rankscope.stream_processors import profile_digest as pd_
 from rankscope.stream_processors.shard import ShardJob
 from rankscope.stream_processors.summary import MAX_SUMMARY_BYTES, ShardSummary
 from rankscope.wire import Envelope, WireError
-from tests.stream_processors.test_slow_rule import S, Job, opened
+from tests.stream_processors.test_slow_rule import Job, S, opened
 
 TRAIN = "train.py:10 train"
 STEP = "train.py:20 step"
@@ -75,6 +75,25 @@ def test_the_path_only_the_slow_rank_calls_is_named_against_the_peers_median():
                    "added_share": 0.4}
     assert pd_.above_peers(shares, [0]) == []          # no path above its peers
     assert pd_.above_peers(shares, [7]) == [] and pd_.above_peers({1: shares[1]}, [1]) == []
+
+
+def test_the_named_function_is_where_the_slow_ranks_path_leaves_its_peers():
+    # The slow rank runs the peers' compute function again, from a function of its own: that
+    # function is named, not the compute both run.
+    compute = "train.py:54 compute"
+    shares = {r: {f"{TRAIN};{compute}": 0.6} for r in (0, 2, 3)}
+    shares[1] = {f"{TRAIN};{compute}": 0.2, f"{TRAIN};{EXTRA};{compute}": 0.7}
+    (top,) = pd_.above_peers(shares, [1])
+    assert top["function"] == EXTRA and top["path"] == f"{TRAIN};{EXTRA};{compute}"
+    # The same code, run longer: its innermost frame.
+    shares[1] = {f"{TRAIN};{compute}": 0.9}
+    (top,) = pd_.above_peers(shares, [1])
+    assert top["function"] == compute and top["added_share"] == 0.3
+    # Ten thousand peers: the medians come from an even spread of MAX_PEERS of them.
+    many = {r: {f"{TRAIN};{compute}": 0.6} for r in range(10_000)}
+    many[1] = {f"{TRAIN};{EXTRA};{compute}": 0.7}
+    (top,) = pd_.above_peers(many, [1])
+    assert top["function"] == EXTRA and top["peers_median_share"] == 0.0
 
 
 def test_a_shard_sends_each_ranks_newest_digest_once_and_the_wire_keeps_it():
