@@ -18,7 +18,14 @@ from rankscope.cli import main
 from rankscope.config import Settings
 from rankscope.storage.profiles import profile_rows
 from rankscope.storage.store import Store
-from tests.integration.helpers import AlertReader, processors_and_sink, rankscope_run, stop_process, tail, wait_until
+from tests.integration.helpers import (
+    AlertReader,
+    processors_and_sink,
+    rankscope_run,
+    stop_process,
+    tail,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.torchrun]
 
@@ -92,6 +99,10 @@ def test_the_slow_rank_alert_names_that_function_without_a_trace_window(stack: S
     windows = store.query_rows("SELECT count() FROM rankscope.trace_windows WHERE job = {j:String}",
                                parameters={"j": job})[0][0]
     assert windows == 0
+    first_step_ns = store.query_rows("SELECT min(start_ns) FROM rankscope.steps WHERE job = {j:String}",
+                                     parameters={"j": job})[0][0]
+    print(f"the slow-rank alert named {top['function']} {(alert.updated_ns - first_step_ns) / 1e9:.1f} s after "
+          f"the job's first step (profile_s {RULES['RANKSCOPE_PROFILE_S']})")
 
 
 def test_dataloader_workers_are_sampled_under_their_rank(stack: Stack, job: str) -> None:
