@@ -4,6 +4,10 @@ Jars come from Maven Central via ``rankscope/kafka/pom.xml`` into ``<cache_dir>/
 (once); state lives in ``<data_dir>/kafka/`` (server.properties, data/, broker.log, server.log,
 broker.pid). The broker is a detached ``java`` process, so it outlives the command that started it
 and is found again through the pid file.
+
+:class:`LocalCluster` starts N such nodes (each a combined broker + controller, all of them voters of
+one KRaft quorum, one cluster id formatted into each node's storage) under
+``<data_dir>/kafka-cluster/node-<id>/``: for tests of replication and of a broker lost mid-job.
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankscope.admin import kafka_answers
+from rankscope.admin import admin_client, kafka_answers
 from rankscope.config import Settings
 
 log = logging.getLogger(__name__)
@@ -33,6 +37,8 @@ LOG4J2_CONFIG = KAFKA_RESOURCES / "log4j2.properties"
 # Kafka's own log4j2 version per release (the SLF4J 1.x binding must match it).
 LOG4J2_FOR_KAFKA = {"4.3.1": "2.25.4", "4.4.0": "2.25.5"}
 JVM_HEAP = ["-Xms256m", "-Xmx768m"]
+# Each node of a LocalCluster: three JVMs share a small machine.
+CLUSTER_JVM_OPTS = ["-Xms128m", "-Xmx384m"]
 _COMPLETE_MARKER = ".complete"
 
 
@@ -113,17 +119,32 @@ class SaslSslListener:
 
 
 class LocalBroker:
-    """One single-node KRaft broker on 127.0.0.1:settings.kafka_port (and ``sasl_ssl.port`` when given)."""
+    """One single-node KRaft broker on 127.0.0.1:settings.kafka_port (and ``sasl_ssl.port`` when given).
 
-    def __init__(self, settings: Settings, sasl_ssl: SaslSslListener | None = None) -> None:
+    The keyword arguments make it one node of a :class:`LocalCluster` instead: its ``node_id``, its
+    ports, every voter of the quorum (node id -> controller port), its own ``home``, the cluster id
+    its storage is formatted with, the replication of the internal topics (min ISR one less), and
+    the JVM flags (heap).
+    """
+
+    def __init__(self, settings: Settings, sasl_ssl: SaslSslListener | None = None, *, node_id: int = 1,
+                 port: int | None = None, controller_port: int | None = None,
+                 voters: Mapping[int, int] | None = None, home: Path | None = None,
+                 cluster_id: str | None = None, replication: int = 1,
+                 jvm_opts: Sequence[str] = tuple(JVM_HEAP)) -> None:
         self.settings = settings
         self.sasl_ssl = sasl_ssl
         self.version = settings.kafka_version
         self.host = "127.0.0.1"
-        self.port = settings.kafka_port
-        self.controller_port = settings.kafka_controller_port
+        self.node_id = node_id
+        self.port = port or settings.kafka_port
+        self.controller_port = controller_port or settings.kafka_controller_port
+        self.voters = dict(voters) if voters else {node_id: self.controller_port}
+        self.cluster_id = cluster_id
+        self.replication = replication
+        self.jvm_opts = list(jvm_opts)
         self.libs_dir = Path(settings.cache_dir).expanduser().resolve() / f"kafka-{self.version}" / "libs"
-        self.home = Path(settings.data_dir).expanduser().resolve() / "kafka"
+        self.home = home.expanduser().resolve() if home else Path(settings.data_dir).expanduser().resolve() / "kafka"
         self.config_path = self.home / "server.properties"
         self.log_dirs = self.home / "data"
         self.log_path = self.home / "broker.log"      # JVM stdout/stderr (WARN and above)
@@ -144,10 +165,11 @@ class LocalBroker:
     # Configuration ----------------------------------------------------------------------------
     def server_properties(self) -> dict[str, str]:
         ctrl = f"{self.host}:{self.controller_port}"
+        rf, min_isr = str(self.replication), str(max(1, self.replication - 1))
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@{ctrl}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": ",".join(f"{n}@{self.host}:{p}" for n, p in sorted(self.voters.items())),
             "listeners": f"PLAINTEXT://{self.bootstrap},CONTROLLER://{ctrl}",
             "advertised.listeners": f"PLAINTEXT://{self.bootstrap}",
             "inter.broker.listener.name": "PLAINTEXT",
@@ -155,17 +177,21 @@ class LocalBroker:
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(self.log_dirs),
             "num.partitions": "1",
-            "default.replication.factor": "1",
+            "default.replication.factor": rf,
             "auto.create.topics.enable": "false",
-            "offsets.topic.replication.factor": "1",
+            "offsets.topic.replication.factor": rf,
             "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": min_isr,
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": min_isr,
             "group.initial.rebalance.delay.ms": "0",
             "log.retention.hours": "24",
         }
+        if self.replication > 1:
+            # The cluster's default for topics (and __consumer_offsets, which has none of its own):
+            # an acks=all write is on two replicas when one node is lost.
+            props["min.insync.replicas"] = min_isr
         if self.sasl_ssl is not None:
             secure = f"SASL_SSL://{self.sasl_ssl_bootstrap}"
             props["listeners"] += f",{secure}"
@@ -247,35 +273,42 @@ class LocalBroker:
                 self._wait_ready(timeout_s, proc=None)
                 log.info("reusing running Kafka broker at %s (pid %s)", self.bootstrap, self.pid())
                 return self.bootstrap
-            self.pid_path.unlink(missing_ok=True)
-            for port in (self.port, self.controller_port, *([self.sasl_ssl.port] if self.sasl_ssl else [])):
-                if port_open(self.host, port):
-                    raise BrokerError(
-                        f"port {port} on {self.host} is already in use by another process (not the broker "
-                        f"of {self.home}); choose other ports (RANKSCOPE_KAFKA_PORT / kafka_controller_port) "
-                        "or point RANKSCOPE_BOOTSTRAP_SERVERS at that cluster")
-            libs = self.ensure_jars()
-            java = self._java()
-            self.write_config()
-            self._format(java, libs)
-            cmd = [java, *JVM_HEAP, "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
-                   "-cp", f"{libs}/*", *self._log_props(), "kafka.Kafka", str(self.config_path)]
             t0 = time.monotonic()
-            with open(self.log_path, "ab") as logf:
-                logf.write(f"\n=== rankscope: starting Kafka {self.version} at {time.ctime()} ===\n".encode())
-                logf.flush()
-                self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
-                                              stderr=subprocess.STDOUT, cwd=self.home,
-                                              start_new_session=True)
-            self.pid_path.write_text(f"{self._proc.pid}\n")
+            proc = self.launch()
             try:
-                self._wait_ready(timeout_s, proc=self._proc)
+                self._wait_ready(timeout_s, proc=proc)
             except BrokerError:
                 self.stop(timeout_s=10)
                 raise
             log.info("Kafka %s broker ready at %s in %.1fs (pid %d)", self.version, self.bootstrap,
-                     time.monotonic() - t0, self._proc.pid)
+                     time.monotonic() - t0, proc.pid)
             return self.bootstrap
+
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Check the ports, write the config, format the storage (once) and start the ``java``
+        process without waiting for it to be ready. The caller holds the home's lock, or owns the home."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.pid_path.unlink(missing_ok=True)
+        for port in (self.port, self.controller_port, *([self.sasl_ssl.port] if self.sasl_ssl else [])):
+            if port_open(self.host, port):
+                raise BrokerError(
+                    f"port {port} on {self.host} is already in use by another process (not the broker "
+                    f"of {self.home}); choose other ports (RANKSCOPE_KAFKA_PORT / kafka_controller_port) "
+                    "or point RANKSCOPE_BOOTSTRAP_SERVERS at that cluster")
+        libs = self.ensure_jars()
+        java = self._java()
+        self.write_config()
+        self._format(java, libs)
+        cmd = [java, *self.jvm_opts, "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+               "-cp", f"{libs}/*", *self._log_props(), "kafka.Kafka", str(self.config_path)]
+        with open(self.log_path, "ab") as logf:
+            logf.write(f"\n=== rankscope: starting Kafka {self.version} at {time.ctime()} ===\n".encode())
+            logf.flush()
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
+                                          stderr=subprocess.STDOUT, cwd=self.home,
+                                          start_new_session=True)
+        self.pid_path.write_text(f"{self._proc.pid}\n")
+        return self._proc
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """SIGTERM the broker, wait up to ``timeout_s``, then SIGKILL. False if it was not running."""
@@ -295,6 +328,20 @@ class LocalBroker:
         return True
 
     # Internals ----------------------------------------------------------------------------------
+    def kill9(self) -> int | None:
+        """SIGKILL the broker's ``java`` process (no shutdown hook, no controlled shutdown) and reap it.
+        Returns the pid killed, or None when it was not running."""
+        pid = self.pid()
+        if pid is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        if not self._wait_exit(pid, 30):
+            raise BrokerError(f"Kafka broker pid {pid} outlived SIGKILL for 30 s")
+        self.pid_path.unlink(missing_ok=True)
+        self._proc = None
+        return pid
+
     def _wait_exit(self, pid: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -337,8 +384,8 @@ class LocalBroker:
         if (self.log_dirs / "meta.properties").exists():
             return
         self.log_dirs.mkdir(parents=True, exist_ok=True)
-        cmd = [java, *JVM_HEAP, "-cp", f"{libs}/*", *self._log_props(), "kafka.tools.StorageTool",
-               "format", "-t", new_cluster_id(), "-c", str(self.config_path), "--ignore-formatted",
+        cmd = [java, *self.jvm_opts, "-cp", f"{libs}/*", *self._log_props(), "kafka.tools.StorageTool",
+               "format", "-t", self.cluster_id or new_cluster_id(), "-c", str(self.config_path), "--ignore-formatted",
                *(self.sasl_ssl.scram_args() if self.sasl_ssl else [])]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=self.home,
                              stdin=subprocess.DEVNULL)
@@ -368,6 +415,131 @@ class LocalBroker:
                 yield
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class LocalCluster:
+    """N KRaft nodes on 127.0.0.1, each a combined broker + controller and a voter of one quorum.
+
+    Node ``i`` (1-based) listens on ``ports[i-1]`` (broker port, controller port); by default
+    ``settings.kafka_port + 2*(i-1)`` and ``settings.kafka_controller_port + 2*(i-1)``. Each node has
+    its own home (``<data_dir>/kafka-cluster/node-<i>``: config, data, logs, pid file); all are
+    formatted with the one cluster id kept in ``<data_dir>/kafka-cluster/cluster.id``. The internal
+    topics get ``min(3, N)`` replicas and a min ISR one less, as does the cluster's default for topics
+    created without their own settings; each JVM gets a smaller heap (:data:`CLUSTER_JVM_OPTS`).
+    """
+
+    def __init__(self, settings: Settings, nodes: int = 3, ports: Sequence[tuple[int, int]] | None = None,
+                 jvm_opts: Sequence[str] = tuple(CLUSTER_JVM_OPTS)) -> None:
+        if nodes < 1:
+            raise BrokerError(f"a cluster needs at least one node, got {nodes}")
+        ports = list(ports) if ports is not None else [
+            (settings.kafka_port + 2 * i, settings.kafka_controller_port + 2 * i) for i in range(nodes)]
+        if len(ports) != nodes:
+            raise BrokerError(f"{nodes} nodes need {nodes} (broker, controller) port pairs, got {len(ports)}")
+        flat = [p for pair in ports for p in pair]
+        if len(set(flat)) != len(flat):
+            raise BrokerError(f"the cluster's ports must all differ, got {ports}")
+        self.settings = settings
+        self.home = Path(settings.data_dir).expanduser().resolve() / "kafka-cluster"
+        self.cluster_id_path = self.home / "cluster.id"
+        voters = {i + 1: ctrl for i, (_, ctrl) in enumerate(ports)}
+        replication = min(3, nodes)
+        self.nodes = [LocalBroker(settings, node_id=i + 1, port=port, controller_port=ctrl, voters=voters,
+                                  home=self.home / f"node-{i + 1}", cluster_id=None, replication=replication,
+                                  jvm_opts=jvm_opts)
+                      for i, (port, ctrl) in enumerate(ports)]
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's PLAINTEXT address, comma-separated (for ``bootstrap_servers``)."""
+        return ",".join(n.bootstrap for n in self.nodes)
+
+    def node(self, node_id: int) -> LocalBroker:
+        return self.nodes[node_id - 1]
+
+    def pids(self) -> dict[int, int | None]:
+        return {n.node_id: n.pid() for n in self.nodes}
+
+    def cluster_id(self) -> str:
+        """The cluster id every node is formatted with (made once, then read back)."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        try:
+            cid = self.cluster_id_path.read_text().strip()
+            if cid:
+                return cid
+        except OSError:
+            pass
+        cid = new_cluster_id()
+        self.cluster_id_path.write_text(cid + "\n")
+        return cid
+
+    def start(self, timeout_s: float = 120.0) -> str:
+        """Start every node that is not running (all are launched before any is waited on: a node
+        serves only once a majority of the voters has elected a leader), then wait until each answers
+        and the cluster's metadata lists every broker. Returns the bootstrap list."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        cid = self.cluster_id()
+        deadline = time.monotonic() + timeout_s
+        t0 = time.monotonic()
+        with contextlib.ExitStack() as locks:
+            for n in self.nodes:
+                n.home.mkdir(parents=True, exist_ok=True)
+                locks.enter_context(n._lock(n.home / ".lock"))
+            launched: dict[int, subprocess.Popen[bytes]] = {}
+            try:
+                for n in self.nodes:
+                    if not n.is_running():
+                        n.cluster_id = cid
+                        launched[n.node_id] = n.launch()
+                for n in self.nodes:
+                    n._wait_ready(max(deadline - time.monotonic(), 1.0), proc=launched.get(n.node_id))
+                self._wait_all_brokers(deadline)
+            except BrokerError:
+                for node_id in launched:
+                    self.node(node_id).stop(timeout_s=10)
+                raise
+        log.info("Kafka %s cluster of %d nodes ready at %s in %.1fs (pids %s)", self.nodes[0].version,
+                 len(self.nodes), self.bootstrap, time.monotonic() - t0, self.pids())
+        return self.bootstrap
+
+    def kill9(self, node_id: int) -> int:
+        """SIGKILL one node's ``java`` process (a broker and a controller lost at once). Returns its pid."""
+        pid = self.node(node_id).kill9()
+        if pid is None:
+            raise BrokerError(f"node {node_id} of the cluster in {self.home} is not running")
+        log.warning("killed Kafka node %d (pid %d) with SIGKILL", node_id, pid)
+        return pid
+
+    def stop(self, timeout_s: float = 30.0) -> list[int]:
+        """SIGTERM every running node at once (one by one, the last ones would wait for a quorum
+        that is gone), wait up to ``timeout_s``, then SIGKILL. Returns the node ids that were running."""
+        running = {n.node_id: pid for n in self.nodes if (pid := n.pid()) is not None}
+        for pid in running.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for node_id, pid in running.items():
+            node = self.node(node_id)
+            if not node._wait_exit(pid, max(deadline - time.monotonic(), 0.1)):
+                log.warning("Kafka node %d (pid %d) ignored SIGTERM for %.0fs; killing it", node_id, pid, timeout_s)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                node._wait_exit(pid, 10)
+            node.pid_path.unlink(missing_ok=True)
+            node._proc = None
+        return sorted(running)
+
+    def _wait_all_brokers(self, deadline: float) -> None:
+        client = admin_client(self.bootstrap)
+        seen: set[int] = set()
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                seen = set(client.list_topics(timeout=2.0).brokers)
+                if seen >= {n.node_id for n in self.nodes}:
+                    return
+            time.sleep(0.2)
+        raise BrokerError(f"Kafka cluster at {self.bootstrap} lists brokers {sorted(seen)}, not all of "
+                          f"{[n.node_id for n in self.nodes]}.\n" + "\n".join(n._diagnostics(10) for n in self.nodes))
 
 
 def ensure_broker(settings: Settings, timeout_s: float = 90.0) -> str:
