@@ -77,20 +77,24 @@ class StackFolder:
             f = f.f_back
         self.add_codes(role, stack)
 
-    def add_codes(self, role: int, stack: Any) -> None:
-        """One sample of a thread as its code objects, innermost first (the C walker's form)."""
+    def add_codes(self, role: int, stack: Any, ids: tuple[int, ...] | None = None) -> None:
+        """One sample of a thread as its code objects, innermost first, and their ids (the C walker's
+        form; computed here when None). A stack seen before in the interval costs one dict update."""
+        if ids is None:
+            ids = tuple(id(c) for c in stack)
+        key = (role, ids)
+        counts = self.counts
+        if key in counts:
+            counts[key] += 1
+            return
+        if len(counts) >= MAX_STACKS:
+            self.overflow[role] += 1
+            return
         codes = self._codes
-        ids = []
-        for c in stack:
-            i = id(c)
+        for i, c in zip(ids, stack, strict=True):
             if i not in codes:
                 codes[i] = c
-            ids.append(i)
-        key = (role, tuple(ids))
-        if key in self.counts or len(self.counts) < MAX_STACKS:
-            self.counts[key] += 1
-        else:
-            self.overflow[role] += 1
+        counts[key] = 1
 
     def _label(self, i: int) -> str | None:
         if i in self._labels:
@@ -273,12 +277,12 @@ class StackSampler:
         walks them all while holding the GIL, else in Python (:data:`PYTHON_WALK`)."""
         if self.walker is not None:
             stacks = self.walker.sample(self._skip)
-            self._maybe_refresh(t for t, _ in stacks)
+            self._maybe_refresh(t for t, _, _ in stacks)
             with self._lock:
                 self.folder.ticks += 1
-                for tid, codes in stacks:
+                for tid, codes, ids in stacks:
                     if tid not in self._skip:
-                        self.folder.add_codes(self._role_of.get(tid, 3), codes)
+                        self.folder.add_codes(self._role_of.get(tid, 3), codes, ids)
             return
         frames = sys._current_frames()
         me = threading.get_ident()

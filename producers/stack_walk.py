@@ -19,7 +19,7 @@ log = logging.getLogger("rankscope.profile")
 
 SOURCE = Path(__file__).resolve().parent / "native" / "stack_walk.c"
 NAME = "rankscope_stack_walk"
-ABI = 2
+ABI = 3
 
 
 class WalkerBuildError(RuntimeError):

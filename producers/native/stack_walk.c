@@ -1,7 +1,8 @@
 /* Every thread's Python stack as its code objects, walked in C while this thread holds the GIL.
  *
- * sample(skip) -> [(thread_ident, (code, ...)), ...], innermost frame first, at most MAX_DEPTH
- * frames a thread; threads whose ident is in the set `skip` are left out.
+ * sample(skip) -> [(thread_ident, (code, ...), (id(code), ...)), ...], innermost frame first, at most
+ * MAX_DEPTH frames a thread; threads whose ident is in the set `skip` are left out. The ids make a
+ * stack's key without a Python loop over its frames (a code object's own hash reads its contents).
  *
  * The walk reads each thread's interpreter frames (_PyInterpreterFrame: its code and the frame
  * before it) as faulthandler does. It creates no frame object and allocates nothing through the
@@ -24,7 +25,7 @@
 #undef Py_BUILD_CORE
 
 #define MAX_DEPTH 256
-#define ABI 2
+#define ABI 3
 
 #if PY_VERSION_HEX >= 0x030D0000
 #define TOP_FRAME(ts) ((ts)->current_frame)
@@ -110,18 +111,30 @@ static PyObject *sample(PyObject *self, PyObject *skip) {
             continue;
         }
         PyObject *stack = PyTuple_New(spans[s].depth);
-        if (stack == NULL) {
+        PyObject *ids = PyTuple_New(spans[s].depth);
+        if (stack == NULL || ids == NULL) {
+            Py_XDECREF(stack);
+            Py_XDECREF(ids);
             Py_DECREF(ident);
             goto fail;
         }
         for (Py_ssize_t i = 0; i < spans[s].depth; i++) {
             PyObject *code = codes[spans[s].start + i];
+            PyObject *id = PyLong_FromVoidPtr(code);
+            if (id == NULL) {
+                Py_DECREF(stack);
+                Py_DECREF(ids);
+                Py_DECREF(ident);
+                goto fail;
+            }
             Py_INCREF(code);
             PyTuple_SET_ITEM(stack, i, code);   /* steals the new reference */
+            PyTuple_SET_ITEM(ids, i, id);
         }
-        PyObject *pair = PyTuple_Pack(2, ident, stack);
+        PyObject *pair = PyTuple_Pack(3, ident, stack, ids);
         Py_DECREF(ident);
         Py_DECREF(stack);
+        Py_DECREF(ids);
         if (pair == NULL || PyList_Append(out, pair) < 0) {
             Py_XDECREF(pair);
             goto fail;
@@ -139,7 +152,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"sample", sample, METH_O, "sample(skip: set[int]) -> list[tuple[int, tuple[code, ...]]]"},
+    {"sample", sample, METH_O, "sample(skip: set[int]) -> list[tuple[int, tuple[code, ...], tuple[int, ...]]]"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -156,7 +156,9 @@ def test_the_c_walker_sees_what_a_python_walk_sees_and_skips_what_it_is_told(tmp
     busy.start()
     try:
         time.sleep(0.05)
-        got = dict(walker.sample(set()))
+        sampled = walker.sample(set())
+        assert all(ids == tuple(id(c) for c in codes) for _, codes, ids in sampled)   # each stack's key
+        got = {tid: codes for tid, codes, _ in sampled}
         import sys
 
         frame = sys._current_frames()[busy.ident]
@@ -167,7 +169,7 @@ def test_the_c_walker_sees_what_a_python_walk_sees_and_skips_what_it_is_told(tmp
         assert [c.co_name for c in got[busy.ident]][-3:] == [c.co_name for c in python][-3:]
         assert "spin_in_hot_function" in [c.co_name for c in got[busy.ident]]
         assert threading.get_ident() not in got                 # the calling (sampler) thread
-        assert busy.ident not in dict(walker.sample({busy.ident}))
+        assert busy.ident not in {tid for tid, _, _ in walker.sample({busy.ident})}
         with pytest.raises(TypeError):
             walker.sample([busy.ident])
     finally:
