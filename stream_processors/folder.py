@@ -14,6 +14,9 @@ Contract:
   (:func:`~rankscope.stream_processors.rebuild.rebuild_shards`); revoked ones are dropped.
 - Offsets are stored after the fold and committed every 250 ms (at least once; folds are idempotent),
   so the committed offset, which lag monitors read, trails the fold by at most that.
+- A steps partition whose leader is down (librdkafka's statistics, every second) is judged at its
+  newest send time until its ranks can deliver again (:meth:`ShardStage.mark_reachable`): a broker
+  lost is not a rank lost.
 - The profiles partitions of the same numbers (same key, job/rank) are read beside them, from
   PROFILE_LOOKBACK_S before the assignment, by a consumer of their own that commits nothing: only a
   rank's newest profile interval matters (stream_processors/profile_digest.py).
@@ -24,6 +27,7 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -44,6 +48,7 @@ from rankscope.wire import WireError, decode
 
 log = logging.getLogger("rankscope.processors")
 
+STATS_INTERVAL_MS = 1000   # librdkafka statistics: which partitions' leaders are down
 PROFILE_LOOKBACK_S = 60.0
 PROFILE_BATCH = 64
 
@@ -89,6 +94,7 @@ class ShardFolder:
             "enable.auto.commit": True, "enable.auto.offset.store": False, "auto.commit.interval.ms": 250,
             "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "fetch.wait.max.ms": 100,
             "partition.assignment.strategy": "cooperative-sticky",
+            "statistics.interval.ms": STATS_INTERVAL_MS, "stats_cb": self._on_stats,
             "logger": log, "log_level": 3})
         self.producer = Producer({**client_conf(s, fatal=True), "linger.ms": 5, "compression.type": "lz4",
                                   "partitioner": "murmur2_random", "logger": log, "log_level": 3})
@@ -181,6 +187,18 @@ class ShardFolder:
             self.producer.poll(1.0)
             self.producer.produce(topic, key=key, value=value)
 
+    def _on_stats(self, stats_json: str) -> None:
+        """librdkafka's statistics (inside consume(), on this thread): the steps partitions whose
+        leader is down go to the stage, which judges their ranks' silence accordingly."""
+        try:
+            down = unreachable_partitions(json.loads(stats_json), self._topic) & self.assigned
+        except (ValueError, TypeError, AttributeError) as e:
+            log.debug("unreadable consumer statistics: %s", e)
+            return
+        if down != self.stage.unreachable:
+            log.warning("steps partitions without a reachable leader: %s", sorted(down) or "none")
+        self.stage.mark_reachable(down, self.clock.wall_ns() / 1e9)
+
     # Rebalance callbacks (run inside consume(), on this thread) ---------------------------------
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         new = sorted({tp.partition for tp in partitions} - self.assigned)
@@ -211,3 +229,18 @@ class ShardFolder:
         with contextlib.suppress(Exception):   # partitions never assigned there
             self.profiles_consumer.incremental_unassign([TopicPartition(self._profiles_topic, p) for p in gone])
         log.warning("revoked steps partitions %s", sorted(gone))
+
+
+def unreachable_partitions(stats: dict[str, Any], topic: str) -> set[int]:
+    """The partitions of ``topic`` in a consumer's librdkafka statistics whose leader is unknown or
+    not connected (its broker's state is not ``UP``)."""
+    up = {b.get("nodeid") for b in stats.get("brokers", {}).values() if b.get("state") == "UP"}
+    out = set()
+    for key, part in stats.get("topics", {}).get(topic, {}).get("partitions", {}).items():
+        p = int(key)
+        if p < 0:       # librdkafka's unassigned-partition entry
+            continue
+        leader = part.get("leader", -1)
+        if leader is None or leader < 0 or leader not in up:
+            out.add(p)
+    return out

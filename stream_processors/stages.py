@@ -55,6 +55,11 @@ class ShardStage:
         self.shards: dict[tuple[int, str], ShardJob] = {}
         self.newest_sent_ns: dict[int, int] = {}
         self.behind: set[int] = set()
+        # Partitions whose leader is down (:meth:`mark_reachable`), and, once it is back, until when
+        # they are still judged at their newest send time: the ranks' producers deliver what they
+        # held meanwhile only after they learn the new leader.
+        self.unreachable: set[int] = set()
+        self.recovering_until_s: dict[int, float] = {}
 
     def ingest(self, partition: int, env: Envelope, now_s: float) -> None:
         key = (partition, env.job)
@@ -86,10 +91,23 @@ class ShardStage:
         else:
             self.behind.discard(partition)
 
+    def mark_reachable(self, unreachable: set[int], now_s: float) -> None:
+        """The partitions whose leader cannot be reached now (from the consumer's statistics). While
+        a partition's leader is down its ranks cannot deliver, so their silence is no evidence: it
+        is judged at the partition's newest send time, then for ``dead_after_s`` after the leader is
+        back, while the ranks' producers send what they held."""
+        for p in self.unreachable - unreachable:
+            self.recovering_until_s[p] = now_s + self.settings.dead_after_s
+        self.unreachable = set(unreachable)
+        for p in [p for p, until in self.recovering_until_s.items() if until <= now_s or p in self.unreachable]:
+            del self.recovering_until_s[p]
+
     def frontier_s(self, partition: int, now_s: float) -> float:
         """The time up to which ``partition`` has been read: ``now_s`` when caught up, else the
-        newest send time read from it."""
-        if partition in self.behind and partition in self.newest_sent_ns:
+        newest send time read from it (also while its leader is down, and just after)."""
+        late = (partition in self.behind or partition in self.unreachable
+                or self.recovering_until_s.get(partition, 0.0) > now_s)
+        if late and partition in self.newest_sent_ns:
             return min(now_s, self.newest_sent_ns[partition] / 1e9)
         return now_s
 
@@ -104,6 +122,8 @@ class ShardStage:
         for p in partitions:
             self.newest_sent_ns.pop(p, None)
             self.behind.discard(p)
+            self.unreachable.discard(p)
+            self.recovering_until_s.pop(p, None)
 
     def tick(self, now_s: float) -> list[Message]:
         """Every shard's summary and statistics; jobs idle for ``job_idle_s`` are retired."""

@@ -91,3 +91,34 @@ def test_a_rank_read_late_is_not_taken_for_silent_before_a_failure() -> None:
     # Its partition has been read up to 1 s after its last beat: nothing says it stopped.
     silent, pending, _later = silent_ranks([row], first_failure_ns, now, S, {5: now - 29})
     assert silent == [] and pending
+
+
+def test_a_partition_whose_leader_is_down_is_judged_at_its_frontier_until_its_ranks_catch_up() -> None:
+    # A broker dies: partition 0's leader is gone for 12 s, its ranks' producers hold their beats.
+    stage = ShardStage(S, Sender("w", 1))
+    feed(stage, 0, [0, 1, 2, 3], until_s=T0 + 20)
+    stage.mark_reachable({0}, T0 + 21)
+    [down] = summaries(stage, now_s=T0 + 32)
+    assert down.agg["frontier_ns"] == int((T0 + 20) * 1e9) and down.agg["silent"] == 0
+    # The new leader is up at T0 + 33; the ranks' producers need a moment to send what they held.
+    stage.mark_reachable(set(), T0 + 33)
+    [back] = summaries(stage, now_s=T0 + 33 + S.dead_after_s - 1)
+    assert back.agg["silent"] == 0
+    # Past the grace, the partition is judged at the wall clock again: ranks that still send nothing
+    # are silent, as in the caught-up case above.
+    stage.mark_reachable(set(), T0 + 60)
+    [later] = summaries(stage, now_s=T0 + 60)
+    assert later.agg["frontier_ns"] == int((T0 + 60) * 1e9) and later.agg["silent"] == 4
+
+
+def test_partitions_whose_leader_is_not_connected_are_read_from_the_consumer_statistics() -> None:
+    from rankscope.stream_processors.folder import unreachable_partitions
+
+    stats = {"brokers": {"127.0.0.1:9092/1": {"nodeid": 1, "state": "UP"},
+                         "127.0.0.1:9093/2": {"nodeid": 2, "state": "CONNECT"},
+                         "GroupCoordinator": {"nodeid": -1, "state": "UP"}},
+             "topics": {"steps": {"partitions": {"0": {"leader": 1}, "1": {"leader": 2}, "2": {"leader": -1},
+                                                 "-1": {"leader": -1}}},
+                        "other": {"partitions": {"5": {"leader": 2}}}}}
+    assert unreachable_partitions(stats, "steps") == {1, 2}
+    assert unreachable_partitions(stats, "missing") == set() and unreachable_partitions({}, "steps") == set()
