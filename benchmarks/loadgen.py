@@ -13,6 +13,9 @@ producer (linger ``--linger-ms``, lz4 or zstd), send what a job of that size sen
   Hopper node sends: 21 GPU metrics (13 with ``--no-gpm``) and, on local rank 0 of each 8-rank
   host, 9 host metrics; sent as the ranks send them: every ``hw_send_s`` (default 5 s) in one
   message, ranks staggered;
+- optionally (``--profile-s S``) one ``profile`` per rank every S seconds on the profiles topic
+  (keyed by rank), ranks staggered: the sampled call paths of a training rank at 20 Hz (24 call
+  paths, 20-30 frames deep, about 4 KB: a GPU rank sent 3.4 KB; :func:`_profile_body`);
 - optionally (``--summary-ranks K``) one trace-window ``summary`` from ranks 0..K-1 on the summaries
   topic (keyed by job), and (``--exit``) an ``exit`` record per live rank at the end.
 
@@ -98,6 +101,7 @@ class LoadConfig:
     gpm: bool = True
     summary_ranks: int = 0
     summary_at: float | None = None
+    profile_s: float = 0.0
     compression: str = "lz4"
     linger_ms: int = 30
     seed: int = 0
@@ -190,6 +194,26 @@ def fault_summary(cfg: LoadConfig, plan: Plan, t0_ns: int) -> dict[str, Any]:
 # One sending process
 # ------------------------------------------------------------------------------------------------
 
+def _profile_body(t1_ns: int, interval_s: float, hz: float = 20.0, paths: int = 24) -> dict[str, Any]:
+    """One interval of a training rank's sampled stacks (rankscope/protocol/profile.py): ``paths``
+    call paths 20-30 frames deep under one training loop, the samples spread over them."""
+    names = [f"torch/nn/modules/m{i}.py:{10 + i} Module{i}.forward" for i in range(40)]
+    names[:3] = ["train.py:1 <module>", "train.py:80 main", "train.py:40 train_step"]
+    table: list[list[int]] = [[-1, 0], [0, 1], [1, 2]]
+    leaves = []
+    for p in range(paths):
+        parent = 2
+        for depth in range(17 + p % 11):
+            table.append([parent, 3 + (p * 7 + depth * 3) % 37])
+            parent = len(table) - 1
+        leaves.append(parent)
+    ticks = int(hz * interval_s)
+    counts = [max(1, ticks // (2 + i)) for i in range(paths)]
+    return {"t0_ns": t1_ns - int(interval_s * 1e9), "t1_ns": t1_ns, "hz": hz, "ticks": ticks,
+            "roles": ["training", "other"], "names": names, "paths": table, "path": leaves, "role": [0] * paths,
+            "count": counts, "other": [0, ticks]}
+
+
 def _hw_body(now_ns: int, local_rank: int, running: bool, samples: int = 1, period_ns: int = 10**9,
              gpm: bool = True) -> dict[str, Any]:
     """``samples`` samples ``period_ns`` apart, the last one at ``now_ns``, with the metrics a rank of
@@ -279,6 +303,10 @@ def _worker(cfg: LoadConfig, settings_env: dict[str, str], lo: int, hi: int, ind
     hb_ns = int(hb_s * 1e9)
     hw_every = max(1, round(settings.hw_send_s / hb_s))
     hw_beats = dict.fromkeys(ranks, 0)
+    profiles_topic = Topic.PROFILES.name_for(settings)
+    profile_every = max(1, round(cfg.profile_s / hb_s)) if cfg.profile_s > 0 else 0
+    profile_beats = dict.fromkeys(ranks, 0)
+    profile_template = _profile_body(0, cfg.profile_s) if profile_every else {}
     order = sorted(range(len(ranks)), key=lambda i: phases[i])
     sched_rel = [phases[i] * hb_s for i in order]
     order_rank = [ranks[i] for i in order]
@@ -382,6 +410,11 @@ def _worker(cfg: LoadConfig, settings_env: dict[str, str], lo: int, hi: int, ind
                 body = _hw_body(now_ns, r % 8, since < stall_s, min(hw_every, hw_beats[r]), hb_ns,
                                 cfg.gpm)
                 produce(hw_topic, keys[r], packed_envelope("hw", r, now_ns, body))
+        if profile_every:
+            profile_beats[r] += 1
+            if (profile_beats[r] + 3 * r) % profile_every == 0:
+                body = {**profile_template, "t0_ns": now_ns - int(cfg.profile_s * 1e9), "t1_ns": now_ns}
+                produce(profiles_topic, keys[r], packed_envelope("profile", r, now_ns, body))
 
     cpu0 = time.process_time()
     ready.put(index)
@@ -547,6 +580,7 @@ def parse_args(argv: list[str] | None = None) -> LoadConfig:
     p.add_argument("--no-hw", dest="hw", action="store_false", help="no hardware samples")
     p.add_argument("--no-gpm", dest="gpm", action="store_false", help="GPU samples without GPM metrics (pre-Hopper)")
     p.add_argument("--summary-ranks", type=int, default=0, help="ranks 0..K-1 send one trace-window summary")
+    p.add_argument("--profile-s", type=float, default=0.0, help="each rank sends a profile this often (0: none)")
     p.add_argument("--summary-at", type=float, default=None, help="when (default: half-way)")
     p.add_argument("--compression", choices=("lz4", "zstd", "none", "snappy", "gzip"), default="lz4")
     p.add_argument("--linger-ms", type=int, default=30)
@@ -556,7 +590,7 @@ def parse_args(argv: list[str] | None = None) -> LoadConfig:
                      steps_per_s=a.steps_per_s, busy_frac=a.busy_frac, noise=a.noise, hang_at=a.hang_at,
                      hang_rank=a.hang_rank, slow_at=a.slow_at, slow_rank=a.slow_rank, slow_factor=a.slow_factor,
                      dead_at=a.dead_at, dead_rank=a.dead_rank, exit=a.exit, hw=a.hw, gpm=a.gpm,
-                     summary_ranks=a.summary_ranks,
+                     summary_ranks=a.summary_ranks, profile_s=a.profile_s,
                      summary_at=a.summary_at, compression=a.compression, linger_ms=a.linger_ms, seed=a.seed)
     try:
         cfg.validate()

@@ -8,7 +8,8 @@ Per configuration (rank count x processors workers), on one local broker with a 
 
 - ``workers`` x ``python -m rankscope processors`` (one consumer group: the faust app id) and one
   ``python -m rankscope sink``, started and waited for until both groups are stable;
-- the load generator (benchmarks/loadgen.py, its own processes) for ``duration`` seconds, with a
+- the load generator (benchmarks/loadgen.py, its own processes) for ``duration`` seconds, each
+  rank sending its sampled stacks every ``--profile-s`` (10 s, as ranks do by default), with a
   slow rank (x1.5 busy from ``slow_at``), a dead rank (silent from ``dead_at``) and a hang
   (``hang_at``; the rest of the job stalls a step later) planted on three distinct ranks.
 
@@ -66,6 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RANKS = (1024, 4096, 10000)
 DEFAULT_WORKERS = (1, 2)
 DEFAULT_DURATION_S = 75.0
+DEFAULT_PROFILE_S = 10.0   # ranks send their sampled stacks this often (profile_s), on by default
 LAG_GROWTH_MAX = 0.05      # s of lag per s of run: above it the tier falls behind
 WARMUP_S = 10.0            # lag samples before this (from the generator's start) are left out of the slope
 TAIL_MAX_S = 30.0          # after the generator stops: wait at most this for missing alerts / the drain
@@ -417,7 +419,7 @@ def judge_alerts(alerts: list[tuple[int, Alert]], job: str, faults: dict[str, An
 
 
 def run_config(base: Settings, ranks: int, workers: int, duration_s: float, wire: str, procs: int,
-               workdir: Path, extra_loadgen: list[str] | None = None) -> dict[str, Any]:
+               workdir: Path, extra_loadgen: list[str] | None = None, profile_s: float = 0.0) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:6]
     cfgdir = workdir / f"n{ranks}-w{workers}-{tag}"
     cfgdir.mkdir(parents=True)
@@ -432,7 +434,8 @@ def run_config(base: Settings, ranks: int, workers: int, duration_s: float, wire
     res.watch("broker", LocalBroker(base).pid())
     lag = alerts = None
     out: dict[str, Any] = {"ranks": ranks, "workers": workers, "wire": wire, "duration_s": duration_s,
-                           "loadgen_procs": procs, "job": job, "faults_at_s": faults_at, "fault_ranks": faults_rank}
+                           "loadgen_procs": procs, "job": job, "faults_at_s": faults_at, "fault_ranks": faults_rank,
+                           "profile_s": profile_s}
     try:
         for i in range(workers):
             (cfgdir / f"proc{i}").mkdir()
@@ -457,7 +460,7 @@ def run_config(base: Settings, ranks: int, workers: int, duration_s: float, wire
         cmd = [sys.executable, "-m", "benchmarks.loadgen", "--ranks", str(ranks), "--duration", str(duration_s),
                "--procs", str(procs), "--job", job, "--wire", wire, "--exit",
                *(f"--{k.replace('_', '-')}={v}" for k, v in {**faults_at, **faults_rank}.items()),
-               *(extra_loadgen or [])]
+               "--profile-s", str(profile_s), *(extra_loadgen or [])]
         lg_log = cfgdir / "loadgen.out"
         gen = subprocess.Popen(cmd, env=env_for(settings), cwd=ROOT, stdout=open(lg_log, "wb"),
                                stderr=open(cfgdir / "loadgen.err", "wb"))
@@ -564,7 +567,7 @@ def print_table(configs: list[dict[str, Any]]) -> None:
 
 def run(ranks: tuple[int, ...] = DEFAULT_RANKS, workers: tuple[int, ...] = DEFAULT_WORKERS,
         duration_s: float = DEFAULT_DURATION_S, wire: str = "v2", procs: int = 2, keep: bool = False,
-        partitions: int | None = None, warmup: bool = True) -> dict[str, Any]:
+        partitions: int | None = None, warmup: bool = True, profile_s: float = DEFAULT_PROFILE_S) -> dict[str, Any]:
     fault_times(duration_s, Settings().hang_min_s)   # fail fast on a too-short run
     workdir = Path(tempfile.mkdtemp(prefix="rankscope-scale-"))
     base = Settings.from_env(data_dir=str(workdir / "broker"), kafka_port=free_port(),
@@ -583,7 +586,7 @@ def run(ranks: tuple[int, ...] = DEFAULT_RANKS, workers: tuple[int, ...] = DEFAU
             print(f"scale: warm-up, {min(ranks)} ranks, {warmup_s:.0f} s (results dropped) ...", file=sys.stderr,
                   flush=True)
             try:
-                run_config(base, min(ranks), workers[0], warmup_s, wire, procs, workdir)
+                run_config(base, min(ranks), workers[0], warmup_s, wire, procs, workdir, profile_s=profile_s)
             except Exception as e:
                 print(f"scale: warm-up failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         for n in ranks:
@@ -592,7 +595,7 @@ def run(ranks: tuple[int, ...] = DEFAULT_RANKS, workers: tuple[int, ...] = DEFAU
                 print(f"scale: {n} ranks, {w} processors worker(s), {duration_s:.0f} s, wire {wire} ...",
                       file=sys.stderr, flush=True)
                 try:
-                    c = run_config(base, n, w, duration_s, wire, procs, workdir)
+                    c = run_config(base, n, w, duration_s, wire, procs, workdir, profile_s=profile_s)
                 except Exception as e:   # one failed configuration does not lose the others
                     c = {"ranks": n, "workers": w, "error": f"{type(e).__name__}: {e}"}
                 c["config_wall_s"] = round(time.monotonic() - t, 1)
@@ -639,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=2, help="load generator processes")
     p.add_argument("--partitions", type=int, default=None, help="partitions per topic (default: the setting)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (service logs)")
+    p.add_argument("--profile-s", type=float, default=DEFAULT_PROFILE_S,
+                   help="each rank sends its sampled stacks this often, as ranks do by default (0: none)")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="measure the first configuration on a cold broker (no discarded warm-up run)")
     a = p.parse_args(argv)
@@ -648,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     t0 = time.monotonic()
     result = run(tuple(int(x) for x in a.ranks.split(",")), tuple(int(x) for x in a.workers.split(",")), a.duration,
-                 a.wire, a.procs, a.keep, a.partitions, a.warmup)
+                 a.wire, a.procs, a.keep, a.partitions, a.warmup, a.profile_s)
     result["wall_s"] = round(time.monotonic() - t0, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "scale.json").write_text(json.dumps(result, indent=2))
