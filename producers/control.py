@@ -12,13 +12,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
 from rankscope.kafka_client import FirstFailureOnly, auth_error_cb, failure_kind
 from rankscope.producers.untraced import leave_profiler
+from rankscope.protocol.trace import CommandError
 from rankscope.wire import WireError, decode
 
 log = logging.getLogger("rankscope.control")
@@ -29,54 +29,8 @@ COMMANDS = frozenset({"trace", "stop", "flight"})
 ACK_STATUSES = frozenset({"accepted", "queued", "rejected", "done", "stopped"})
 
 
-@dataclass(frozen=True)
-class TraceRequest:
-    """A validated ``trace`` command. ``steps`` per window; one of the modes below."""
-
-    request_id: str
-    steps: int
-    every_s: float = 0.0        # periodic by time
-    every_steps: int = 0        # periodic by steps
-    continuous: bool = False    # back-to-back windows until stopped
-    with_shapes: bool = False
-    with_stack: bool = True
-    byte_budget: int = 0        # 0 = the rank's default
-    start_at_ns: int = 0        # wall clock; ranks start at the first step boundary after it...
-    start_step: int = 0         # ... or, when > 0, at the boundary before this step (the same on every
-                                # DDP rank; the CLI derives it from the ranks' latest steps), unless that
-                                # has not come ``START_STEP_MAX_WAIT_NS`` after ``start_at_ns``
-    ranks: list[int] | None = field(default=None)
-
-    @property
-    def repeating(self) -> bool:
-        return self.continuous or self.every_s > 0 or self.every_steps > 0
-
-
-START_STEP_MAX_WAIT_NS = 60 * 10**9
-class ControlError(ValueError):
-    pass
-
-
-def parse_trace_request(request_id: str, args: dict[str, Any], ranks: list[int] | None, sent_ns: int) -> TraceRequest:
-    """Validate a trace command's arguments; raise ControlError naming the bad value."""
-    def num(name: str, typ: type, default: Any, lo: float, hi: float) -> Any:
-        v = args.get(name, default)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-            raise ControlError(f"{name}={v!r} must be a number in [{lo}, {hi}]")
-        return typ(v)
-
-    steps = num("steps", int, 3, 1, 10_000)
-    every_s = num("every_s", float, 0.0, 0, 7 * 86400)
-    every_steps = num("every_steps", int, 0, 0, 10_000_000)
-    budget = num("byte_budget", int, 0, 0, 1 << 31)
-    lead_ns = num("lead_ns", int, 1_000_000_000, 0, 3_600_000_000_000)
-    start_step = num("start_step", int, 0, 0, 1 << 62)
-    if every_steps and every_steps < steps:
-        raise ControlError(f"every_steps={every_steps} must be >= steps={steps}")
-    return TraceRequest(request_id=request_id, steps=steps, every_s=every_s, every_steps=every_steps,
-                        continuous=bool(args.get("continuous", False)), with_shapes=bool(args.get("with_shapes", False)),
-                        with_stack=bool(args.get("with_stack", True)), byte_budget=budget,
-                        start_at_ns=sent_ns + lead_ns, start_step=start_step, ranks=ranks)
+# A command a rank refuses (rankscope/protocol/trace.py raises it for a trace command's arguments).
+ControlError = CommandError
 
 
 START_MARGIN_MS = 2000

@@ -24,13 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.producers.control import (
-    START_STEP_MAX_WAIT_NS,
-    ControlError,
-    TraceRequest,
-    parse_trace_request,
-)
+from rankscope.producers.control import ControlError
 from rankscope.producers.untraced import leave_profiler
+from rankscope.protocol.trace import START_STEP_MAX_WAIT_NS, TraceCommand, parse_command
 
 log = logging.getLogger("rankscope.trace")
 
@@ -39,7 +35,7 @@ SendFn = Callable[[str, dict[str, Any]], None]   # (kind, body) -> queued on the
 
 @dataclass
 class _Active:
-    request: TraceRequest
+    request: TraceCommand
     window_id: str
     first_step: int
     start_ns: int
@@ -48,7 +44,7 @@ class _Active:
     stop_requested: bool = False
 
 
-def default_profiler(request: TraceRequest) -> Any:
+def default_profiler(request: TraceCommand) -> Any:
     import torch
     from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
@@ -64,7 +60,7 @@ def default_profiler(request: TraceRequest) -> Any:
 class WindowController:
     def __init__(self, *, send_trace: SendFn, send_summary: SendFn, ack: Callable[..., None],
                  byte_budget: int, wall_ns: Callable[[], int],
-                 profiler_factory: Callable[[TraceRequest], Any] = default_profiler,
+                 profiler_factory: Callable[[TraceCommand], Any] = default_profiler,
                  on_window: Callable[[bool], None] | None = None,
                  read_window: Callable[[Any], Any] | None = None) -> None:
         self._send_trace, self._send_summary, self._ack = send_trace, send_summary, ack
@@ -74,8 +70,8 @@ class WindowController:
         self._read_window = read_window     # stopped profiler -> RawEvents; None: extract_raw
         self._on_window = on_window or (lambda active: None)
         self._lock = threading.Lock()
-        self._pending: list[TraceRequest] = []
-        self._schedule: TraceRequest | None = None
+        self._pending: list[TraceCommand] = []
+        self._schedule: TraceCommand | None = None
         self._schedule_count = 0
         self._next_due_ns = 0
         self._next_due_step = 0
@@ -111,7 +107,7 @@ class WindowController:
             return
         if command != "trace":
             raise ControlError(f"command {command!r} is not handled by trace windows")
-        req = parse_trace_request(request_id, args, ranks, sent_ns)
+        req = parse_command(request_id, args, ranks, sent_ns)
         with self._lock:
             if req.repeating and self._schedule is not None:
                 raise ControlError(f"schedule {self._schedule.request_id} is active on this rank; stop it first")
@@ -164,7 +160,7 @@ class WindowController:
             return
         self._begin(req, completed_step + 1, now)
 
-    def _due(self, now: int, step: int) -> TraceRequest | None:
+    def _due(self, now: int, step: int) -> TraceCommand | None:
         with self._lock:
             if self._pending and _start_due(self._pending[0], now, step):
                 return self._pending.pop(0)
@@ -178,7 +174,7 @@ class WindowController:
                 return s
             return None
 
-    def _begin(self, req: TraceRequest, first_step: int, now: int) -> None:
+    def _begin(self, req: TraceCommand, first_step: int, now: int) -> None:
         k = self._counts.get(req.request_id, 0)
         self._counts[req.request_id] = k + 1
         window_id = f"{req.request_id}-{k}"
@@ -295,7 +291,7 @@ def own_thread_ids() -> set[int]:
             if t.name.startswith("rankscope-") and t.native_id is not None}
 
 
-def _start_due(req: TraceRequest, now_ns: int, completed_step: int) -> bool:
+def _start_due(req: TraceCommand, now_ns: int, completed_step: int) -> bool:
     """May ``req``'s first window start at the boundary after ``completed_step``?"""
     if req.start_step > 0:
         return completed_step + 1 >= req.start_step or now_ns >= req.start_at_ns + START_STEP_MAX_WAIT_NS

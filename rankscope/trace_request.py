@@ -2,9 +2,9 @@
 
 ``rankscope trace``, the dashboard's Traces page and the processors' automatic windows all build
 their control message here, so for the same request and the same job progress they send the same
-command: the same bounds, the same start step and the same period
-(:mod:`rankscope.trace_start` holds the planning arithmetic). The ranks parse it with
-producers/control.py.
+command: the same bounds (rankscope/protocol/trace.py declares them), the same start step and the
+same period (:mod:`rankscope.trace_start` holds the planning arithmetic). The ranks parse it with
+:func:`rankscope.protocol.trace.parse_command`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankscope.protocol.trace import MAX_BYTE_BUDGET, MAX_EVERY_S, MAX_EVERY_STEPS, MAX_STEPS
 from rankscope.trace_start import START_LEAD_NS, plan_start_step, steps_per_period
 from rankscope.wire import Envelope, encode
 
 MODES = ("once", "every_s", "every_steps", "continuous")
 MODE_LABELS = {"once": "once", "every_s": "every N seconds", "every_steps": "every K steps",
                "continuous": "continuous (until stopped)"}
-MAX_STEPS = 10_000
-MAX_EVERY_S = 7 * 86400
-MAX_EVERY_STEPS = 10_000_000
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
 UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -68,8 +66,8 @@ class TraceRequest:
             raise ValueError(f"every N seconds needs N in (0, {MAX_EVERY_S}], got {self.every_s}")
         if self.mode == "every_steps" and not self.steps <= self.every_steps <= MAX_EVERY_STEPS:
             raise ValueError(f"every K steps needs K in [steps={self.steps}, {MAX_EVERY_STEPS}], got {self.every_steps}")
-        if self.byte_budget < 0:
-            raise ValueError(f"byte_budget must be >= 0, got {self.byte_budget}")
+        if not 0 <= self.byte_budget <= MAX_BYTE_BUDGET:
+            raise ValueError(f"byte_budget must be in [0, {MAX_BYTE_BUDGET}], got {self.byte_budget}")
 
 
 @dataclass(frozen=True)

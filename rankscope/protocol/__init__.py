@@ -1,5 +1,6 @@
 """The message contract: one typed struct per message kind, with its bounds declared once.
 
-Kinds move here from rankscope/wire.py's schema table one at a time; ``profile`` is the first.
-rankscope/wire.py still decodes the envelope and hands a kind defined here to its ``validate``.
+Kinds move here from rankscope/wire.py's schema table one at a time: ``profile`` (profile.py) and the
+``trace`` command of ``control`` messages (trace.py) so far. rankscope/wire.py still decodes the
+envelope and hands a kind defined here to its ``validate``.
 """

@@ -9,7 +9,7 @@ from pagetest import open_page, page_text
 
 from rankscope.dashboard import control, flame
 from rankscope.dashboard import queries as q
-from rankscope.producers.control import parse_trace_request
+from rankscope.protocol.trace import parse_command
 from rankscope.trace_request import encode_request
 from rankscope.wire import decode
 
@@ -126,7 +126,7 @@ def test_window_request_encodes_like_the_cli():
     assert env.body == {"command": "trace", "request_id": "tw12345678", "ranks": [0, 1, 2, 3],
                         "args": {"steps": 5, "with_shapes": True, "with_stack": True, "byte_budget": 0,
                                  "every_steps": 100}}
-    parsed = parse_trace_request("tw12345678", env.body["args"], env.body["ranks"], env.sent_ns)  # the rank's parser
+    parsed = parse_command("tw12345678", env.body["args"], env.body["ranks"], env.sent_ns)  # the rank's parser
     assert parsed.every_steps == 100 and parsed.repeating
     every = decode(encode_request(control.TraceRequest(job="j", mode="every_s", every_s=30))).body
     assert every["args"]["every_s"] == 30.0 and every["ranks"] is None

@@ -121,8 +121,8 @@ class _BrokenKernels:
 
 
 def test_a_failing_native_conversion_costs_no_window(caplog: pytest.LogCaptureFixture) -> None:
-    from rankscope.producers.control import parse_trace_request
     from rankscope.producers.trace_window import WindowController, _Active
+    from rankscope.protocol.trace import parse_command
 
     class Reader:
         native = _BrokenKernels()
@@ -135,7 +135,7 @@ def test_a_failing_native_conversion_costs_no_window(caplog: pytest.LogCaptureFi
     wc = WindowController(send_trace=lambda k, b: sent.append((k, b)), send_summary=lambda k, b: sent.append((k, b)),
                           ack=lambda *a, **kw: acks.append(a), byte_budget=1 << 20, wall_ns=lambda: 0,
                           read_window=Reader())
-    req = parse_trace_request("r", {"steps": 1}, None, 0)
+    req = parse_command("r", {"steps": 1}, None, 0)
     prof = _small_window()
     expected = convert_window(extract_raw(prof), "r-0", 3, 1 << 20, "complete")
     wc._ship(_Active(req, "r-0", 3, 0, prof), 0)

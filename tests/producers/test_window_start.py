@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from rankscope.producers.control import START_STEP_MAX_WAIT_NS, ControlError, parse_trace_request
+from rankscope.producers.control import ControlError
 from rankscope.producers.trace_window import WindowController
+from rankscope.protocol.trace import START_STEP_MAX_WAIT_NS, parse_command
 from rankscope.trace_start import plan_start_step, steps_per_period
 
 
@@ -90,7 +91,7 @@ def test_without_a_start_step_the_clock_decides() -> None:
 @pytest.mark.parametrize("bad", [-1, "7", 1.5e30, True])
 def test_bad_start_steps_are_rejected(bad: Any) -> None:
     with pytest.raises(ControlError, match="start_step"):
-        parse_trace_request("r", {"steps": 2, "start_step": bad}, None, 0)
+        parse_command("r", {"steps": 2, "start_step": bad}, None, 0)
 
 
 def test_the_cli_extrapolates_the_furthest_rank() -> None:

@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from rankscope.commands.trace import request_from_args
 from rankscope.config import Settings
 from rankscope.dashboard import control
+from rankscope.protocol.trace import MAX_BYTE_BUDGET, MAX_EVERY_S, MAX_STEPS, CommandError, parse_command
 from rankscope.topics import Topic
 from rankscope.trace_request import Plan, TraceRequest, control_body, encode_request, plan
 from rankscope.trace_start import START_LEAD_NS
@@ -49,6 +50,32 @@ def test_cli_flags_and_dashboard_fields_make_the_same_message(flags, request_kw)
     assert cli == dash
     assert encode_request(cli, plan(cli, progress(now), now), now_ns=now) == \
         encode_request(dash, plan(dash, progress(now), now), now_ns=now)
+
+
+@pytest.mark.parametrize("request_kw", [
+    {}, {"mode": "every_s", "every_s": 600.0, "ranks": [0, 3]}, {"mode": "every_steps", "every_steps": 50, "steps": 5},
+    {"mode": "continuous", "with_shapes": True, "with_stack": False, "byte_budget": 1 << 20},
+    {"steps": MAX_STEPS, "mode": "every_s", "every_s": float(MAX_EVERY_S), "byte_budget": MAX_BYTE_BUDGET},
+])
+def test_what_senders_send_is_what_ranks_run(request_kw):
+    # One contract (rankscope/protocol/trace.py): a request within its bounds is a command every
+    # rank accepts, with the same steps, period, start step and options.
+    now = time.time_ns()
+    req = TraceRequest(job="j", **request_kw)
+    p = plan(req, progress(now), now)
+    body = control_body(req, p)
+    cmd = parse_command(body["request_id"], body["args"], body["ranks"], now)
+    assert (cmd.request_id, cmd.steps, cmd.ranks, cmd.with_shapes, cmd.with_stack, cmd.byte_budget) == \
+        (req.request_id, req.steps, req.ranks, req.with_shapes, req.with_stack, req.byte_budget)
+    assert cmd.start_step == p.start_step and cmd.start_at_ns == now + START_LEAD_NS
+    assert cmd.continuous == (req.mode == "continuous")
+    assert cmd.every_steps == (p.period_steps if req.mode == "every_s" else req.every_steps)
+    # Past a bound, the sender refuses what the rank would refuse.
+    for over in ({"steps": MAX_STEPS + 1}, {"byte_budget": MAX_BYTE_BUDGET + 1}):
+        with pytest.raises(ValueError):
+            TraceRequest(job="j", **over)
+        with pytest.raises(CommandError):
+            parse_command("r", over, None, now)
 
 
 def test_plan_starts_every_rank_at_one_step_and_turns_a_time_period_into_steps():
