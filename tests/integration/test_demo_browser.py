@@ -34,7 +34,6 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
     # the slow-rank alert the test waits for before requesting comes 15-30 s in.
     cmd = [sys.executable, "-m", "rankscope", "demo", "--job", job, "--hang-at-step", "-1", "--hang-after-s", "100"]
     try:
-        started = time.monotonic()
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout + out.stderr
         assert f"http://127.0.0.1:{settings.dashboard_port}" in out.stdout
@@ -45,12 +44,16 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
             try:
                 link = page.get_by_role("link", name=re.compile(re.escape(job)))
                 link.first.wait_for(state="visible", timeout=180_000)
+                seen = time.monotonic()       # the job's first messages are stored
                 screenshot(page, "demo_fleet")
+                differential_shows_the_slow_ranks_function(page, base, job, seen)
+                page.goto(f"{base}/")
+                link.first.wait_for(state="visible", timeout=60_000)
                 link.first.click()
                 page.wait_for_url(re.compile(rf"/job\?job={re.escape(job)}"), timeout=60_000)
                 wait_for_text(page, "Slow rank 1", 240)
                 screenshot(page, "demo_job_slow")
-                show_where_the_slow_rank_spends_its_time(page, started)
+                the_alert_says_where_its_time_goes(page)
                 request_window_and_find_report(page, base, job)
                 page.goto(f"{base}/job?job={job}")
                 wait_for_text(page, "hang_forever", 240)
@@ -67,18 +70,36 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
         subprocess.run([sys.executable, "-m", "rankscope", "down"], env=env, timeout=120)
 
 
-def show_where_the_slow_rank_spends_its_time(page, started: float) -> None:
+MOST_ADDED = re.compile(r"^Most added: \S*train.py:\d+ slow_extra_compute,")
+
+
+def differential_shows_the_slow_ranks_function(page, base: str, job: str, seen: float) -> None:
+    """Rank 1's profile against its peers, on the Job page as a user opens it (rank 1 picked), shows
+    the function only the slow rank runs on top, from the sampled stacks alone: reloaded until it
+    does, and timed from when the job first showed on the Fleet page."""
+    deadline = time.monotonic() + 180
+    while True:
+        page.goto(f"{base}/job?job={job}&profile_rank=1")
+        try:
+            wait_for_text(page, MOST_ADDED, 5)
+            break
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+    print(f"rank 1's differential shows slow_extra_compute on top {time.monotonic() - seen:.0f} s after the "
+          "job first showed on the Fleet page")
+    screenshot(page, "demo_profile_differential")
+
+
+def the_alert_says_where_its_time_goes(page) -> None:
     """The slow-rank alert names the function only the slow rank runs, from the sampled stacks, and
-    its link opens that rank's profile against its peers with the function on top."""
+    its link opens that rank's profile against its peers over the incident with the function on top."""
     wait_for_text(page, re.compile(r"^Where its time goes.*slow_extra_compute"), 240)
     link = page.get_by_role("link", name=re.compile("Profile of rank 1 against its peers")).first
     href = link.get_attribute("href") or ""
     assert "profile_rank=1" in href and "profile_from=" in href, href
     page.goto(urljoin(page.url, href))     # a link to the page it is on: open it as a user's new tab would
-    wait_for_text(page, re.compile(r"^Most added: \S*train.py:\d+ slow_extra_compute,"), 120)
-    print(f"the differential of rank 1 shows slow_extra_compute on top {time.monotonic() - started:.0f} s "
-          "after the demo started")
-    screenshot(page, "demo_profile_differential")
+    wait_for_text(page, MOST_ADDED, 120)
 
 
 def request_window_and_find_report(page, base: str, job: str) -> None:
