@@ -27,6 +27,10 @@ class StackGroup:
     count: int = 0
 
 
+MAX_RANKS = 256          # culprit ranks an alert names (``ranks``; the schema's maxItems)
+MAX_DETAIL_RANKS = 64    # ranks a rank list or map in ``details`` holds
+
+
 @dataclass(frozen=True)
 class Alert:
     alert_id: str

@@ -30,7 +30,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankscope.alerts import Alert, StackGroup
+from rankscope.alerts import MAX_DETAIL_RANKS, MAX_RANKS, Alert, StackGroup
 from rankscope.config import Settings
 from rankscope.rank_states import DEAD, HUNG, RUNNING, SLOW, WAITING, exited_state
 from rankscope.stream_processors import collective_arrivals, failures
@@ -42,8 +42,6 @@ from rankscope.stream_processors.summary import Row, ShardSummary, hist_quantile
 
 __all__ = ["JobMonitor", "slow_ranks", "stale_after_s"]
 
-MAX_ALERT_RANKS = 256
-MAX_DETAIL_RANKS = 64
 FORGET_SHARD_S = 60.0   # a shard silent this long no longer holds the job's rules back
 PROFILE_MAX_AGE_S = 60.0   # a rank's profile digest this much older than the newest one is left out
 
@@ -299,7 +297,7 @@ class JobMonitor:
             if set(g.ranks) & set(ranks) and g.frames:
                 where = f" in {g.frames[-1]}"
                 break
-        shown = ranks[:MAX_ALERT_RANKS]
+        shown = ranks[:MAX_RANKS]
         more = f" and {len(ranks) - 16} more" if len(ranks) > 16 else ""
         summary = (f"job {self.job} hung: rank{'s' if len(ranks) > 1 else ''} "
                    f"{','.join(map(str, shown[:16]))}{more} "

@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rankscope.alerts import Alert
+from rankscope.alerts import MAX_DETAIL_RANKS, MAX_RANKS, Alert
 from rankscope.config import Settings
 from rankscope.last_arrivals import Step, enter_share, horizon_stats, latest_horizon
 from rankscope.stream_processors import profile_digest
@@ -51,8 +51,6 @@ MAX_GROUPS = 64             # process groups judged per job
 COLLECTIVE_EVIDENCE = ("arrival at each collective of the process group, from every rank's Flight Recorder "
                        "(device durations where timed, else when the rank issued it); the last rank's lead "
                        "over the second-to-last is what every member waits for it")
-MAX_ALERT_RANKS = 256
-MAX_DETAIL_RANKS = 64
 PERSIST_FRACTION = 0.5      # slow and costly for this fraction of straggler_min_s before it is alerted
 LEAVE_SHARE_DROP = 0.10     # a named rank leaves below enter_share minus this ...
 LEAVE_COST_FRACTION = 0.5   # ... or below this fraction of the cost gate
@@ -196,7 +194,7 @@ class SlowRule:
             top = named_paths[0]
             summary += (f"; {'their' if len(slow) > 1 else 'its'} profile: {top['share']:.0%} of its time in {top['function']}, "
                         f"its peers' median {top['peers_median_share']:.0%}")
-        return mon._open_or_update("slow_rank", now_s, slow[:MAX_ALERT_RANKS], max(view.min_step, 0), summary,
+        return mon._open_or_update("slow_rank", now_s, slow[:MAX_RANKS], max(view.min_step, 0), summary,
                                    "warning", [], details, lost=self.lost_rank_seconds)
 
     def _resolve(self, mon: JobMonitor, now_s: float, why: str) -> list[Alert]:
