@@ -25,19 +25,14 @@ from typing import Any
 
 import msgpack
 
+from rankscope import collective_records
+from rankscope.protocol import profile as _profile
+from rankscope.wire_error import WireError
+
 SCHEMA_VERSION = 2
 SUPPORTED_VERSIONS = frozenset({1, 2})
 # Kinds that exist only from a version on; a v1 envelope carrying one is rejected.
 KIND_SINCE = {"beat": 2, "shard": 2, "fr_dump": 2, "profile": 2}
-
-
-class WireError(ValueError):
-    """A message could not be decoded or failed validation. ``reason`` is a short code."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -297,8 +292,6 @@ def split_beat(env: Envelope) -> tuple[Envelope, Envelope]:
     return part("steps", steps), part("heartbeat", hb)
 
 
-from rankscope import collective_records  # noqa: E402  (validates beat.coll; imports WireError from here)
-from rankscope.protocol import profile as _profile  # noqa: E402
 
 # Kinds defined in rankscope/protocol: kind -> its validate(body), which raises ValueError.
 PROTOCOL_KINDS: dict[str, Any] = {"profile": _profile.validate}

@@ -3,9 +3,12 @@ none of the runtimes; producers, processors, sink and dashboard import the groun
 each other; the offline analysis (offline/) imports the processors' pure analyzers, the ranks'
 summarizer and the store, and nothing live imports it; the CLI imports the runtimes it drives but
 not the dashboard; nothing imports the CLI or the dashboard except their own entry points
-(``rankscope/__main__.py`` and ``storage/serve.py``).
+(``rankscope/__main__.py`` and ``storage/serve.py``). The package's public facades
+(``rankscope/__init__.py``: ``Tracer``; ``rankscope/analysis.py``: ``TraceAnalysis``) are a layer of
+their own on top: they load the runtime whose API they expose, and nothing but users imports them.
 
-Every import counts, also the ones inside functions (they are how optional parts load lazily).
+Every import counts, also the ones inside functions (they are how optional parts load lazily). The
+imports a module runs when it is loaded (its top-level ones) form no cycle.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 RUNTIMES = ("producers", "stream_processors", "offline", "storage", "dashboard")
 CLI = ("rankscope.cli", "rankscope.commands", "rankscope.__main__")
+FACADES = ("rankscope", "rankscope.analysis")     # `from rankscope import Tracer`, TraceAnalysis
 
 # package -> the packages it may import besides itself and the ground layer
 MAY_IMPORT = {
@@ -27,13 +33,11 @@ MAY_IMPORT = {
     "rankscope": set(),                # the ground layer
     "cli": {"producers", "stream_processors", "offline", "storage"},   # rankscope.cli and rankscope.commands
     "demo": set(),                     # the example job: the tracer through the ground layer's facade
+    "facade": {"producers", "offline"},    # the public API: the tracer, the offline analysis
 }
 # Named exceptions, each with its reason.
 ALLOWED = {
-    ("rankscope/__init__.py", "producers"): "the public facade: `from rankscope import Tracer` loads it lazily",
     ("storage/serve.py", "dashboard"): "serve is the dashboard's entry point (it starts the Streamlit app)",
-    ("rankscope/analysis.py", "offline"): "the notebook facade: loads the offline analyzers lazily, "
-        "as rankscope/__init__.py loads the tracer",
 }
 
 
@@ -42,6 +46,8 @@ def layer(module: str) -> str:
     parts = module.split(".")
     if parts[0] != "rankscope":
         return parts[0]
+    if module in FACADES:
+        return "facade"
     if len(parts) > 1 and parts[1] in RUNTIMES:
         return parts[1]
     return "cli" if module.startswith(CLI) else ("demo" if module.startswith("rankscope.demo") else "rankscope")
@@ -74,14 +80,85 @@ def violations() -> list[str]:
         src = layer(module)
         rel = path.relative_to(REPO).as_posix()
         for name in imports(path):
-            dst = layer(name)
-            if dst not in (*RUNTIMES, "rankscope", "cli", "demo") or dst == src or dst == "rankscope":
+            # `from rankscope import wire` imports a module of the ground layer, not the facade.
+            dst = layer(name) if name != "rankscope" else "rankscope"
+            if dst not in (*RUNTIMES, "rankscope", "cli", "demo", "facade") or dst == src or dst == "rankscope":
                 continue
             if (rel, dst) in ALLOWED:
                 continue
             if dst not in MAY_IMPORT[src]:
                 bad.append(f"{rel} imports {name} ({src} -> {dst})")
     return bad
+
+
+def load_time_imports(path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that loading ``path`` imports: its top-level imports (those under
+    ``if TYPE_CHECKING`` run only for the type checker; those in functions run when called)."""
+    out: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return out & known
+
+
+def import_cycles() -> list[list[str]]:
+    """The cycles among load-time imports (strongly connected components of two or more modules)."""
+    files = dict(source_files())
+    graph = {m: load_time_imports(p, set(files)) - {m} for m, p in files.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:          # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def test_no_module_imports_itself_back_when_loaded():
+    assert import_cycles() == []
+
+
+def test_the_check_sees_a_cycle(tmp_path, monkeypatch):
+    ground = tmp_path / "rankscope"
+    ground.mkdir()
+    (ground / "a.py").write_text("from rankscope.b import x\n")
+    (ground / "b.py").write_text("from rankscope import c\n")
+    (ground / "c.py").write_text("import rankscope.a\n")
+    (ground / "d.py").write_text("from rankscope.a import y\ndef f():\n    from rankscope.d import z\n")
+    (ground / "e.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rankscope.f import T\n")
+    (ground / "f.py").write_text("from rankscope.e import U\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["REPO"]), "REPO", tmp_path)
+    assert import_cycles() == [["rankscope.a", "rankscope.b", "rankscope.c"]]
+
+
+@pytest.mark.parametrize("module, expected", [("rankscope", "facade"), ("rankscope.analysis", "facade"),
+                                              ("rankscope.wire", "rankscope"), ("rankscope.commands.trace", "cli"),
+                                              ("rankscope.storage.sink", "storage")])
+def test_modules_are_placed_in_their_layer(module, expected):
+    assert layer(module) == expected
 
 
 def test_the_layers_import_only_downwards():
