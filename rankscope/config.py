@@ -80,6 +80,10 @@ class Settings:
     # Address the dashboard binds. Any non-loopback address requires dashboard_password.
     dashboard_host: str = "127.0.0.1"
     dashboard_password: str = field(default="", repr=False)
+    # A sign-in lasts this many hours in its browser (a signed cookie). Cookies are signed with a key
+    # derived from the password and dashboard_secret; empty = a random key kept in data_dir.
+    dashboard_session_h: float = 12.0
+    dashboard_secret: str = field(default="", repr=False)
     # Sink.
     sink_batch_rows: int = 200000
     sink_batch_s: float = 0.5
@@ -158,9 +162,11 @@ class Settings:
         for name in ["sink_batch_s", "sink_ranks_s", "scan_interval_s", "hang_min_s", "hang_factor", "dead_after_s",
                      "heartbeat_s", "straggler_z", "flush_timeout_s", "dashboard_refresh_s",
                      "stall_stack_factor", "stall_stack_min_s", "rebuild_horizon_s", "incident_horizon_s",
-                     "job_idle_s", "hw_send_s", "coll_read_s", "profile_s"]:
+                     "job_idle_s", "hw_send_s", "coll_read_s", "profile_s", "dashboard_session_h"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds/factor, got {getattr(self, name)!r}")
+        if self.dashboard_session_h > 87600:
+            raise ConfigError(f"dashboard_session_h must be at most 87600 (ten years), got {self.dashboard_session_h!r}")
         if self.producer_compression not in PRODUCER_COMPRESSIONS:
             raise ConfigError(f"producer_compression must be one of {', '.join(PRODUCER_COMPRESSIONS)}, "
                               f"got {self.producer_compression!r}")

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 SINK_RESTART_S = 5.0
 SINK_JOIN_S = 30.0
+# Streamlit's toolbar: "minimal" shows no developer items (Deploy, Rerun, Clear cache) and, as the
+# dashboard sets no menu items, no main menu either.
+TOOLBAR_MODE = "minimal"
 
 _RUNNING: dict[str, Any] = {}   # the sink of this process, for pages that show its stats
 _RUNNING_LOCK = threading.Lock()
@@ -90,8 +93,9 @@ def check_bind(settings: Settings) -> None:
 
 
 def streamlit_options(settings: Settings) -> dict[str, Any]:
-    """Flag options for ``bootstrap.run``: ``dashboard_host``, headless, no telemetry, and the agent API
-    (when this Streamlit has it) on loopback binds only."""
+    """Flag options for ``bootstrap.run``: ``dashboard_host``, headless, no telemetry, no developer
+    toolbar or menu (no "Deploy" button, even on localhost), and the agent API (when this Streamlit
+    has it) on loopback binds only."""
     from streamlit import config as st_config
 
     opts: dict[str, Any] = {
@@ -99,6 +103,7 @@ def streamlit_options(settings: Settings) -> dict[str, Any]:
         "server_address": settings.dashboard_host,
         "server_headless": True,
         "browser_gatherUsageStats": False,
+        "client_toolbarMode": TOOLBAR_MODE,
     }
     if "server.enableAgentApi" in getattr(st_config, "_config_options_template", {}):
         opts["server_enableAgentApi"] = is_loopback(settings.dashboard_host)

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from rankscope.storage.serve import TOOLBAR_MODE
+
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
 
@@ -23,9 +25,10 @@ def free_port() -> int:
 
 
 def streamlit_cmd(port: int) -> list[str]:
-    """The dashboard app alone (no sink), on loopback ``port``."""
+    """The dashboard app alone (no sink), on loopback ``port``, with the toolbar ``rankscope serve`` sets."""
     return [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.port", str(port),
-            "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+            "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--client.toolbarMode", TOOLBAR_MODE]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = START_TIMEOUT_S) -> None:

@@ -49,6 +49,7 @@ def test_fleet_to_job_to_alerts(server):
         wait_for_text(page, "GPU utilisation")
         assert wait_for_charts(page) >= 1  # the per-GPU heatmap
         print(f"fleet page ready after {time.monotonic() - t0:.1f} s")
+        assert page.get_by_role("button", name="Deploy").count() == 0  # no developer toolbar (served.py)
         screenshot(page, "dashboard_fleet")
 
         link.first.click()

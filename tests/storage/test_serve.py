@@ -62,6 +62,7 @@ def test_streamlit_options_bind_loopback() -> None:
     assert opts["server_port"] == 8123 and opts["server_address"] == "127.0.0.1"
     assert opts["server_headless"] is True and opts["browser_gatherUsageStats"] is False
     assert opts.get("server_enableAgentApi") is True  # streamlit 1.67 has the agent API
+    assert opts["client_toolbarMode"] == "minimal"  # no Deploy button or developer menu
 
 
 def agent_text(port: int) -> str:
