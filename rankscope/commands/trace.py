@@ -13,10 +13,9 @@ import sys
 import time
 
 from rankscope.config import Settings
-from rankscope.control_io import iter_acks, latest_stats, open_replies_reader
-from rankscope.kafka_client import client_conf
-from rankscope.topics import Topic
-from rankscope.trace_request import TraceRequest, encode_request, parse_duration, parse_ranks, plan
+from rankscope.control_io import latest_stats
+from rankscope.trace_client import WindowRequest
+from rankscope.trace_request import TraceRequest, parse_duration, parse_ranks
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -73,8 +72,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, str]:
-    from confluent_kafka import Producer
-
     try:
         req = request_from_args(args)
     except ValueError as e:
@@ -95,37 +92,28 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
             return 2, ""
     targets = ranks if ranks is not None else job_ranks
     request_id = req.request_id
-    topic = Topic.CONTROL.name_for(settings)
+    status: dict[int, str] = {}
+    done: set[int] = set()
     try:
-        consumer = open_replies_reader(settings, f"rankscope-cli-{request_id}")
+        with WindowRequest(settings, req, "cli") as w:
+            p = w.send(stats[args.job])
+            print(f"request {request_id} sent to job {args.job} ranks {targets}", flush=True)
+            if p.period_steps:
+                print(f"--every {args.every} = every {p.period_steps} steps at the job's current step time "
+                      "(so that every rank traces the same steps)", flush=True)
+            for ack in w.acks(time.monotonic() + args.timeout):
+                print(f"rank {ack.rank}: {ack.status} {ack.detail}", flush=True)
+                if ack.status == "done":
+                    done.add(ack.rank)
+                else:
+                    status[ack.rank] = ack.status
+                answered = set(status) >= set(targets)
+                if answered and (not args.wait_done or args.stop or set(done) >= set(targets)
+                                 or any(v == "rejected" for v in status.values())):
+                    break
     except RuntimeError as e:
         print(f"rankscope trace: {e}", file=sys.stderr)
         return 2, ""
-    producer = Producer(client_conf(settings, fatal=True))
-    p = plan(req, stats[args.job], time.time_ns())
-    producer.produce(topic, key=args.job.encode(), value=encode_request(req, p))
-    producer.flush(10)
-    print(f"request {request_id} sent to job {args.job} ranks {targets}", flush=True)
-    if p.period_steps:
-        print(f"--every {args.every} = every {p.period_steps} steps at the job's current step time "
-              "(so that every rank traces the same steps)", flush=True)
-    status: dict[int, str] = {}
-    done: set[int] = set()
-    deadline = time.monotonic() + args.timeout
-    try:
-        for env in iter_acks(consumer, request_id, deadline):
-            st = env.body["status"]
-            print(f"rank {env.rank}: {st} {env.body['detail']}", flush=True)
-            if st == "done":
-                done.add(env.rank)
-            else:
-                status[env.rank] = st
-            answered = set(status) >= set(targets)
-            if answered and (not args.wait_done or args.stop or set(done) >= set(targets)
-                             or any(v == "rejected" for v in status.values())):
-                break
-    finally:
-        consumer.close()
     silent = sorted(set(targets) - set(status))
     if silent:
         print(f"no answer from ranks {silent} within {args.timeout:g}s (not running, or not reachable)", file=sys.stderr)
