@@ -50,9 +50,14 @@ def running_sink() -> Any:
 
 
 def default_script() -> Path:
-    import rankscope.dashboard
+    """The dashboard's Streamlit script. Streamlit runs it as a script: serve locates it and imports
+    none of the dashboard's code."""
+    import importlib.util
 
-    return Path(rankscope.dashboard.__file__).resolve().parent / "app.py"
+    spec = importlib.util.find_spec("rankscope.dashboard")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("rankscope.dashboard is not installed (pip install 'rankscope[dashboard]')")
+    return Path(spec.origin).resolve().parent / "app.py"
 
 
 def export_settings(settings: Settings, environ: Any = None) -> dict[str, str]:
