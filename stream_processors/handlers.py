@@ -27,7 +27,7 @@ from rankscope.clock import Clock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.stream_processors.report_alerts import ReportAlerts
-from rankscope.stream_processors.stages import JobStage, Sender
+from rankscope.stream_processors.stages import EnvelopeEncoder, JobStage
 from rankscope.stream_processors.windows import WindowCollector
 from rankscope.topics import Topic
 from rankscope.trace_request import TraceRequest, control_body, plan
@@ -55,7 +55,7 @@ class Out:
 
 
 class Handlers:
-    def __init__(self, settings: Settings, clock: Clock, job_stage: JobStage, sender: Sender,
+    def __init__(self, settings: Settings, clock: Clock, job_stage: JobStage, sender: EnvelopeEncoder,
                  counter: DeadLetterCounter, collector: WindowCollector | None = None,
                  report_alerts: ReportAlerts | None = None,
                  on_dead_letter: Callable[[str], None] | None = None) -> None:

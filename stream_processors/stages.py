@@ -32,7 +32,7 @@ Message = tuple[Topic, bytes, bytes]
 STEPS_KINDS = ("beat", "steps", "heartbeat", "exit")
 
 
-class Sender:
+class EnvelopeEncoder:
     """The envelope fields of what this worker publishes, with its own sequence numbers."""
 
     def __init__(self, host: str, pid: int) -> None:
@@ -49,7 +49,7 @@ class ShardStage:
     send time read from it and whether more messages were waiting then (:meth:`mark_read`): while
     a partition is read late, its shards are judged at that send time, not at the wall clock."""
 
-    def __init__(self, settings: Settings, sender: Sender) -> None:
+    def __init__(self, settings: Settings, sender: EnvelopeEncoder) -> None:
         self.settings = settings
         self.sender = sender
         self.shards: dict[tuple[int, str], ShardJob] = {}

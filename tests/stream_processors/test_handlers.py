@@ -11,7 +11,7 @@ from rankscope.config import Settings
 from rankscope.deadletter import DeadLetterCounter
 from rankscope.producers.trace_events import summarize, to_columnar
 from rankscope.stream_processors.handlers import Handlers, Source
-from rankscope.stream_processors.stages import JobStage, Sender, ShardStage
+from rankscope.stream_processors.stages import EnvelopeEncoder, JobStage, ShardStage
 from rankscope.topics import Topic
 from rankscope.trace_wire import summary_body
 from rankscope.wire import Envelope, decode, encode
@@ -30,7 +30,7 @@ def msg(kind: str, rank: int, body: dict, job: str = "j") -> Envelope:
 def rig() -> tuple[Handlers, ShardStage, ManualClock, list[str]]:
     clock = ManualClock(1000.0)
     dead: list[str] = []
-    sender = Sender("test", 1)
+    sender = EnvelopeEncoder("test", 1)
     h = Handlers(S, clock, JobStage(S), sender, DeadLetterCounter(), on_dead_letter=dead.append)
     return h, ShardStage(S, sender), clock, dead
 

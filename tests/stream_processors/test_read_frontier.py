@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rankscope.config import Settings
 from rankscope.stream_processors.monitor import JobMonitor
-from rankscope.stream_processors.stages import Sender, ShardStage
+from rankscope.stream_processors.stages import EnvelopeEncoder, ShardStage
 from rankscope.stream_processors.summary import ShardSummary
 from rankscope.wire import Envelope, decode
 
@@ -39,7 +39,7 @@ def summaries(stage: ShardStage, now_s: float) -> list[ShardSummary]:
 
 
 def test_a_shard_read_late_is_judged_at_its_frontier_not_the_wall_clock() -> None:
-    stage = ShardStage(S, Sender("w", 1))
+    stage = ShardStage(S, EnvelopeEncoder("w", 1))
     feed(stage, 0, [0, 1, 2, 3], until_s=T0 + 20)
     stage.mark_read(0, waiting=True)              # more of partition 0 is waiting: we are 40 s behind
     [late] = summaries(stage, now_s=T0 + 60)
@@ -50,7 +50,7 @@ def test_a_shard_read_late_is_judged_at_its_frontier_not_the_wall_clock() -> Non
 
 
 def test_the_dead_rank_rule_judges_each_rank_at_its_shards_frontier() -> None:
-    on_time, late = ShardStage(S, Sender("w1", 1)), ShardStage(S, Sender("w2", 2))
+    on_time, late = ShardStage(S, EnvelopeEncoder("w1", 1)), ShardStage(S, EnvelopeEncoder("w2", 2))
     now = T0 + 60
     feed(on_time, 0, [0, 2, 4, 6], until_s=now)
     # Partition 1 is read 25 s late; rank 5 stopped 15 s before what has been read of it.
@@ -67,7 +67,7 @@ def test_the_dead_rank_rule_judges_each_rank_at_its_shards_frontier() -> None:
 
 
 def test_summaries_without_a_frontier_are_judged_at_the_wall_clock() -> None:
-    stage = ShardStage(S, Sender("w", 1))
+    stage = ShardStage(S, EnvelopeEncoder("w", 1))
     now = T0 + 30
     feed(stage, 0, [0, 1, 2, 3], until_s=now, skip=2, skip_after_s=T0 + 5)
     [s] = summaries(stage, now)
@@ -95,7 +95,7 @@ def test_a_rank_read_late_is_not_taken_for_silent_before_a_failure() -> None:
 
 def test_a_partition_whose_leader_is_down_is_judged_at_its_frontier_until_its_ranks_catch_up() -> None:
     # A broker dies: partition 0's leader is gone for 12 s, its ranks' producers hold their beats.
-    stage = ShardStage(S, Sender("w", 1))
+    stage = ShardStage(S, EnvelopeEncoder("w", 1))
     feed(stage, 0, [0, 1, 2, 3], until_s=T0 + 20)
     stage.mark_reachable({0}, T0 + 21)
     [down] = summaries(stage, now_s=T0 + 32)
@@ -112,7 +112,7 @@ def test_a_partition_whose_leader_is_down_is_judged_at_its_frontier_until_its_ra
 
 
 def test_partitions_whose_leader_is_not_connected_are_read_from_the_consumer_statistics() -> None:
-    from rankscope.stream_processors.folder import unreachable_partitions
+    from rankscope.stream_processors.shard_consumer import unreachable_partitions
 
     stats = {"brokers": {"127.0.0.1:9092/1": {"nodeid": 1, "state": "UP"},
                          "127.0.0.1:9093/2": {"nodeid": 2, "state": "CONNECT"},

@@ -42,7 +42,7 @@ from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.kafka_client import client_conf
 from rankscope.metrics import cached_high, process_metrics
 from rankscope.stream_processors.rebuild import rebuild_shards
-from rankscope.stream_processors.stages import STEPS_KINDS, Sender, ShardStage
+from rankscope.stream_processors.stages import STEPS_KINDS, EnvelopeEncoder, ShardStage
 from rankscope.topics import Topic
 from rankscope.wire import WireError, decode
 
@@ -53,9 +53,9 @@ PROFILE_LOOKBACK_S = 60.0
 PROFILE_BATCH = 64
 
 
-class ShardFolder:
+class ShardConsumer:
     def __init__(self, settings: Settings, group_id: str, clock: Clock, counter: DeadLetterCounter,
-                 sender: Sender) -> None:
+                 sender: EnvelopeEncoder) -> None:
         self.settings = settings
         self.group_id = group_id
         self.clock = clock
@@ -84,7 +84,7 @@ class ShardFolder:
         try:
             self.run()
         except Exception as e:
-            log.critical("the shard folder failed: %r; exiting for a restart", e, exc_info=True)
+            log.critical("the shard consumer failed: %r; exiting for a restart", e, exc_info=True)
             os._exit(70)
 
     def run(self) -> None:
