@@ -17,7 +17,7 @@ Every other failed rank is a follower. Ranks that all stopped on SIGTERM-like si
 silent, were stopped from outside (a cancelled job): no verdict. An exit record's time is exact,
 a silent rank's death is known only to within a heartbeat, which is why (1) comes before (2).
 
-Pure functions over :class:`~rankscope.stream_processors.summary.Failure` records; the rank_failed rule in
+Pure functions over :class:`~rankscope.stream_processors.shard_summary.Failure` records; the rank_failed rule in
 stream_processors/monitor.py publishes the verdict.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from rankscope.alerts import StackGroup
 from rankscope.config import Settings
-from rankscope.stream_processors.summary import Failure, Row
+from rankscope.stream_processors.shard_summary import Failure, Row
 
 # Messages of the errors a rank sees when a peer's process went away (gloo, NCCL, c10d, sockets).
 PEER_ERROR_MARKERS = (

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rankscope.stream_processors.rank_state import EXTRAPOLATION_CAP_S
-from rankscope.stream_processors.summary import Failure, Row, ShardSummary, StackInfo, hist_add
+from rankscope.stream_processors.shard_summary import Failure, Row, ShardSummary, StackInfo, hist_add
 
 MAX_GROUP_RANKS = 32
 

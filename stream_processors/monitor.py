@@ -1,6 +1,6 @@
 """Stage two of the processors: the job-wide hang, death and slow-rank rules over shard summaries.
 
-A :class:`JobMonitor` keeps the latest :class:`~rankscope.stream_processors.summary.ShardSummary` of every
+A :class:`JobMonitor` keeps the latest :class:`~rankscope.stream_processors.shard_summary.ShardSummary` of every
 shard (steps partition) that holds ranks of its job, merges them into a :class:`JobView` and
 evaluates the rules from a timer. It holds only those summaries and its open incidents, so its
 size does not grow with the job; everything is synchronous and driven by ``now_s``.
@@ -36,9 +36,9 @@ from rankscope.rank_states import DEAD, HUNG, RUNNING, SLOW, WAITING, exited_sta
 from rankscope.stream_processors import collective_arrivals, failures
 from rankscope.stream_processors.job_view import MAX_GROUP_RANKS, JobView
 from rankscope.stream_processors.rank_state import CRASH_REASONS
+from rankscope.stream_processors.shard_summary import Row, ShardSummary, hist_quantile
 from rankscope.stream_processors.slow_rule import SlowRule, slow_ranks
 from rankscope.stream_processors.stacks import waiting_in_collective
-from rankscope.stream_processors.summary import Row, ShardSummary, hist_quantile
 
 __all__ = ["JobMonitor", "slow_ranks", "stale_after_s"]
 

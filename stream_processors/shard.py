@@ -1,7 +1,7 @@
 """Stage one of the processors: the ranks of one job on one partition of the steps topic.
 
 A :class:`ShardJob` folds its ranks' messages (:func:`~rankscope.stream_processors.rank_state.fold`) and,
-every scan interval, condenses them into a bounded :class:`~rankscope.stream_processors.summary.ShardSummary`
+every scan interval, condenses them into a bounded :class:`~rankscope.stream_processors.shard_summary.ShardSummary`
 for the job-wide rules (stream_processors/monitor.py) and into rolling per-rank statistics.
 Everything is synchronous and driven by ``now_s``, so tests replay scenarios without Kafka.
 """
@@ -18,8 +18,7 @@ from rankscope.stream_processors.analysis.outliers import peer_z
 from rankscope.stream_processors.arrivals import ShardArrivals
 from rankscope.stream_processors.collective_arrivals import ShardCollectives
 from rankscope.stream_processors.rank_state import RankState, fold
-from rankscope.stream_processors.stacks import main_stack, signature, waiting_in_collective
-from rankscope.stream_processors.summary import (
+from rankscope.stream_processors.shard_summary import (
     MAX_SUMMARY_BYTES,
     Failure,
     Row,
@@ -27,6 +26,7 @@ from rankscope.stream_processors.summary import (
     StackInfo,
     hist_bin,
 )
+from rankscope.stream_processors.stacks import main_stack, signature, waiting_in_collective
 from rankscope.wire import Envelope
 
 ALL_ROWS_UP_TO = 128       # a shard with this many ranks or fewer sends a row for every rank

@@ -41,7 +41,7 @@ from rankscope.stream_processors.analysis.outliers import flag_slow
 from rankscope.stream_processors.arrivals import ArrivalLedger, parse_arrivals
 from rankscope.stream_processors.collective_arrivals import CollectiveLedger, parse_coll
 from rankscope.stream_processors.job_view import JobView
-from rankscope.stream_processors.summary import ShardSummary, hist_quantile
+from rankscope.stream_processors.shard_summary import ShardSummary, hist_quantile
 
 if TYPE_CHECKING:
     from rankscope.stream_processors.monitor import JobMonitor

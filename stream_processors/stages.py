@@ -22,7 +22,7 @@ from rankscope.protocol import profile
 from rankscope.stream_processors import profile_digest
 from rankscope.stream_processors.monitor import JobMonitor
 from rankscope.stream_processors.shard import ShardJob
-from rankscope.stream_processors.summary import ShardSummary
+from rankscope.stream_processors.shard_summary import ShardSummary
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, encode
 

@@ -13,7 +13,7 @@ from rankscope.alert_schema import validate as validate_alert
 from rankscope.protocol.profile import ProfileBody, validate
 from rankscope.stream_processors import profile_digest as pd_
 from rankscope.stream_processors.shard import ShardJob
-from rankscope.stream_processors.summary import MAX_SUMMARY_BYTES, ShardSummary
+from rankscope.stream_processors.shard_summary import MAX_SUMMARY_BYTES, ShardSummary
 from rankscope.wire import Envelope, WireError
 from tests.stream_processors.test_slow_rule import Job, S, opened
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from rankscope.config import Settings
 from rankscope.stream_processors.monitor import JobMonitor
+from rankscope.stream_processors.shard_summary import ShardSummary
 from rankscope.stream_processors.stages import EnvelopeEncoder, ShardStage
-from rankscope.stream_processors.summary import ShardSummary
 from rankscope.wire import Envelope, decode
 
 S = Settings(dead_after_s=10, hang_min_s=10, scan_interval_s=1.0)
@@ -80,7 +80,7 @@ def test_summaries_without_a_frontier_are_judged_at_the_wall_clock() -> None:
 
 def test_a_rank_read_late_is_not_taken_for_silent_before_a_failure() -> None:
     from rankscope.stream_processors.failures import silent_ranks
-    from rankscope.stream_processors.summary import Row
+    from rankscope.stream_processors.shard_summary import Row
 
     now = T0 + 60
     first_failure_ns = int((now - 20) * 1e9)

@@ -15,7 +15,7 @@ from rankscope.stream_processors.arrivals import ARRIVAL_STEPS, ArrivalLedger
 from rankscope.stream_processors.monitor import JobMonitor, slow_ranks
 from rankscope.stream_processors.pipeline import TwoStage
 from rankscope.stream_processors.shard import ShardJob
-from rankscope.stream_processors.summary import MAX_SUMMARY_BYTES, ShardSummary
+from rankscope.stream_processors.shard_summary import MAX_SUMMARY_BYTES, ShardSummary
 from rankscope.wire import Envelope, WireError
 
 S = Settings()
