@@ -47,7 +47,7 @@ status:
 test: install native kafka-jars browser
 	WHEELHOUSE=$(WHEELHOUSE) $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
 
-bench: install native kafka-jars
+bench: install native kafka-jars browser
 	$(BIN)/python -m benchmarks
 
 lint: install

@@ -13,6 +13,7 @@ from benchmarks import (
     collector,
     dashboard_queries,
     detection,
+    job_page,
     offline_vs_hta,
     profile_sampler,
     scale,
@@ -23,7 +24,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BENCHES = {"detection": detection.run, "tracer_overhead": tracer_overhead.run,
            "collector": collector.run, "dashboard_queries": dashboard_queries.run,
            "offline_vs_hta": offline_vs_hta.run, "scale": scale.run, "capacity": capacity.run,
-           "profile_sampler": profile_sampler.run}
+           "profile_sampler": profile_sampler.run, "job_page": job_page.run}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,10 +10,10 @@ with that call path innermost (its self time; wall-clock, waiting included).
 from __future__ import annotations
 
 import gzip
+from typing import Any
 
+import numpy as np
 import pandas as pd
-
-from rankscope.call_paths import departure
 
 SEP = ";"
 OTHER = "(other)"
@@ -34,20 +34,124 @@ def leaf(path: str) -> str:
     return path.rsplit(SEP, 1)[-1]
 
 
+def _codes(values: pd.Series) -> tuple[np.ndarray, list[Any]]:
+    """Integer codes of ``values`` and the distinct values they index, sorted (a categorical's codes
+    are taken as they are: a call path's text is then never hashed row by row)."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        cat = values.cat.remove_unused_categories()
+        order = np.argsort(np.asarray(cat.cat.categories, dtype=object), kind="stable")
+        remap = np.empty(len(order), dtype=np.int64)
+        remap[order] = np.arange(len(order))
+        codes = np.asarray(cat.cat.codes, dtype=np.int64)
+        return remap[codes], [cat.cat.categories[i] for i in order]
+    codes, uniques = pd.factorize(values, sort=True)
+    return np.asarray(codes, dtype=np.int64), list(uniques)
+
+
+def _peers_table(keys: np.ndarray, n_keys: int, ranks: np.ndarray, seconds: np.ndarray,
+                 target: set[int] | list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per key (codes in [0, n_keys)): the target ranks' mean seconds and the other ranks' median,
+    a rank without the key counting 0 there (a key's seconds per rank summed first); None without a
+    target rank among ``ranks``. What a (key x rank) pivot with 0 fill gives, without building it:
+    each key's peer values are sorted once and the zeros placed by count."""
+    rank_ids, rank_idx = np.unique(ranks, return_inverse=True)
+    n_ranks = len(rank_ids)
+    is_target = np.isin(rank_ids, np.fromiter((int(r) for r in set(target)), dtype=np.int64))
+    n_mine = int(is_target.sum())
+    if n_mine == 0:
+        return None
+    n_peers = n_ranks - n_mine
+    pair, inv = np.unique(keys * n_ranks + rank_idx, return_inverse=True)
+    sums = np.bincount(inv.ravel(), weights=seconds, minlength=len(pair))
+    key, mine = pair // n_ranks, is_target[pair % n_ranks]
+    target_s = np.bincount(key[mine], weights=sums[mine], minlength=n_keys) / n_mine
+    if n_peers == 0:
+        return target_s, np.zeros(n_keys)
+    pk, pv = key[~mine], sums[~mine]
+    order = np.lexsort((pv, pk))
+    pk, pv = pk[order], pv[order]
+    count = np.bincount(pk, minlength=n_keys)
+    start = np.cumsum(count) - count
+    below = np.bincount(pk[pv < 0], minlength=n_keys)      # values sorted before the zeros
+    zeros = n_peers - count
+
+    def at(i: int) -> np.ndarray:
+        """Each key's i-th smallest peer value, zeros included."""
+        if len(pv) == 0:
+            return np.zeros(n_keys)
+        j = np.where(i < below, start + i, start + i - zeros)
+        got = pv[np.clip(j, 0, len(pv) - 1)]
+        return np.where((i >= below) & (i < below + zeros), 0.0, got)
+
+    return target_s, (at((n_peers - 1) // 2) + at(n_peers // 2)) / 2
+
+
 def _against_peers(long: pd.DataFrame, key: str, target: set[int] | list[int]) -> pd.DataFrame | None:
     """Per ``key``: the target ranks' mean seconds, the other ranks' median (0 where a rank never had
-    it) and the difference (``key``, target_s, peers_median_s, added_s); None without a target rank."""
+    it) and the difference (``key``, target_s, peers_median_s, added_s), by ``key``; None without a
+    target rank."""
     if long.empty:
         return None
-    wide = long.pivot_table(index=key, columns="rank", values="seconds", aggfunc="sum", fill_value=0.0)
-    mine = [r for r in wide.columns if r in set(target)]
-    peers = [r for r in wide.columns if r not in set(target)]
-    if not mine:
+    codes, uniques = _codes(long[key])
+    got = _peers_table(codes, len(uniques), np.asarray(long["rank"], dtype=np.int64),
+                       np.asarray(long["seconds"], dtype=float), target)
+    if got is None:
         return None
-    out = pd.DataFrame({key: list(wide.index), "target_s": wide[mine].mean(axis=1).to_numpy(),
-                        "peers_median_s": wide[peers].median(axis=1).to_numpy() if peers else 0.0})
+    out = pd.DataFrame({key: uniques, "target_s": got[0], "peers_median_s": got[1]})
     out["added_s"] = out["target_s"] - out["peers_median_s"]
     return out
+
+
+def _node_rows(per_path: pd.DataFrame) -> pd.DataFrame:
+    """:func:`inclusive`'s input rows expanded: one row per (rank, call path, prefix of it), the
+    prefixes as integer codes into the sorted list of node tuples (``attrs["nodes"]``)."""
+    known = per_path[per_path["path"] != OTHER]
+    codes, paths = _codes(known["path"])
+    node_of: dict[tuple[str, ...], int] = {}
+    chains: list[list[int]] = []
+    for p in paths:
+        frames = tuple(str(p).split(SEP))
+        chains.append([node_of.setdefault(frames[:i], len(node_of)) for i in range(1, len(frames) + 1)])
+    nodes = sorted(node_of)
+    rename = np.empty(len(nodes), dtype=np.int64)
+    for i, n in enumerate(nodes):
+        rename[node_of[n]] = i
+    lens = np.array([len(c) for c in chains], dtype=np.int64)
+    flat = rename[np.array([n for c in chains for n in c], dtype=np.int64)] if chains else np.zeros(0, np.int64)
+    offset = np.cumsum(lens) - lens
+    per_row = lens[codes] if len(codes) else np.zeros(0, np.int64)
+    row = np.repeat(np.arange(len(codes)), per_row)
+    within = np.arange(len(row)) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+    out = pd.DataFrame({"rank": np.asarray(known["rank"], dtype=np.int64)[row],
+                        "node": flat[offset[codes[row]] + within] if len(row) else np.zeros(0, np.int64),
+                        "seconds": np.asarray(known["seconds"], dtype=float)[row]})
+    out.attrs["nodes"] = nodes
+    return out
+
+
+def _nodes_table(per_path: pd.DataFrame, target: set[int] | list[int]) -> pd.DataFrame:
+    cols = ["node", "target_s", "peers_median_s", "added_s"]
+    rows = _node_rows(per_path)
+    nodes = rows.attrs["nodes"]
+    got = _peers_table(rows["node"].to_numpy(), len(nodes), rows["rank"].to_numpy(), rows["seconds"].to_numpy(),
+                       target) if len(rows) else None
+    if got is None:
+        return pd.DataFrame(columns=cols)
+    out = pd.DataFrame({"node": nodes, "target_s": got[0], "peers_median_s": got[1]})
+    out["added_s"] = out["target_s"] - out["peers_median_s"]
+    return out[cols]
+
+
+def _departure(nodes: pd.DataFrame, path: str) -> str:
+    """:func:`rankscope.call_paths.departure` read off a :func:`differential_nodes` table (the same
+    means and medians of inclusive seconds per call-path prefix)."""
+    frames = path.split(SEP)
+    by_node = dict(zip(nodes["node"], zip(nodes["target_s"], nodes["peers_median_s"], strict=True), strict=True))
+    for i in range(1, len(frames) + 1):
+        mine, peers = by_node.get(tuple(frames[:i]), (0.0, 0.0))
+        if peers < mine / 4:
+            return frames[i - 1]
+    return frames[-1]
 
 
 def differential(per_path: pd.DataFrame, target: set[int] | list[int]) -> pd.DataFrame:
@@ -56,47 +160,46 @@ def differential(per_path: pd.DataFrame, target: set[int] | list[int]) -> pd.Dat
     largest first; ``function`` names a path that grew by the frame where it leaves what the peers
     run (:func:`rankscope.call_paths.departure`), others by their innermost frame. ``per_path``:
     rank, path, seconds (roles summed or filtered by the caller)."""
+    return differential_and_nodes(per_path, target)[0]
+
+
+def differential_and_nodes(per_path: pd.DataFrame, target: set[int] | list[int]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`differential` and :func:`differential_nodes` of the same rows, the nodes computed once
+    (they name the grown paths too). Vectorised: 10,000 ranks of 20 call paths take well under a
+    second."""
     out = _against_peers(per_path, "path", target)
     if out is None:
-        return pd.DataFrame(columns=DIFF_COLUMNS)
+        return pd.DataFrame(columns=DIFF_COLUMNS), _nodes_table(per_path.iloc[:0], target)
+    nodes = _nodes_table(per_path, target)
     out = out[out["path"] != OTHER].copy()
+    out["path"] = out["path"].astype(str)
     out["function"] = out["path"].map(leaf)
     out = out.sort_values(["added_s", "path"], ascending=[False, True]).reset_index(drop=True)
-    # The call paths that grew are named where they leave what the peers run (as the slow-rank alert does).
+    # The call paths that grew are named where they leave what the peers run (as the slow-rank alert
+    # does): the first prefix whose peers' median inclusive time is under a quarter of the targets'.
     grown = out.index[out["added_s"] > 0][:NAMED_GROWN]
-    if len(grown):
-        known = per_path[per_path["path"] != OTHER]
-        per_rank: dict[int, dict[str, float]] = {}
-        for rank, path, sec in zip(known["rank"], known["path"], known["seconds"], strict=True):
-            per_rank.setdefault(int(rank), {})[str(path)] = per_rank.get(int(rank), {}).get(str(path), 0.0) + float(sec)
-        mine = sorted(r for r in per_rank if r in set(target))
-        peers = sorted(r for r in per_rank if r not in set(target))
-        if mine and peers:
-            out.loc[grown, "function"] = [departure(per_rank, mine, peers, str(p)) for p in out.loc[grown, "path"]]
-    return out[DIFF_COLUMNS]
+    known = per_path[per_path["path"] != OTHER]
+    ranks = set(int(r) for r in pd.unique(known["rank"]))
+    if len(grown) and ranks & set(target) and ranks - set(target):
+        out.loc[grown, "function"] = [_departure(nodes, str(p)) for p in out.loc[grown, "path"]]
+    return out[DIFF_COLUMNS], nodes
 
 
 def inclusive(per_path: pd.DataFrame) -> pd.DataFrame:
     """Seconds per (rank, call-path prefix) including callees: rank, node (a tuple of frames), seconds."""
-    acc: dict[tuple[int, tuple[str, ...]], float] = {}
-    for rank, path, sec in zip(per_path["rank"], per_path["path"], per_path["seconds"], strict=True):
-        if path == OTHER:
-            continue
-        frames = tuple(str(path).split(SEP))
-        for i in range(1, len(frames) + 1):
-            key = (int(rank), frames[:i])
-            acc[key] = acc.get(key, 0.0) + float(sec)
-    return pd.DataFrame([(r, n, v) for (r, n), v in acc.items()], columns=["rank", "node", "seconds"])
+    rows = _node_rows(per_path)
+    nodes = rows.attrs["nodes"]
+    if rows.empty:
+        return pd.DataFrame(columns=["rank", "node", "seconds"])
+    agg = rows.groupby(["rank", "node"], as_index=False, sort=False)["seconds"].sum()
+    return pd.DataFrame({"rank": agg["rank"].astype(int), "node": [nodes[i] for i in agg["node"]],
+                         "seconds": agg["seconds"]})
 
 
 def differential_nodes(per_path: pd.DataFrame, target: set[int] | list[int]) -> pd.DataFrame:
     """Per call-path prefix (a flame graph's node): the targets' mean inclusive seconds, the peers'
     median (0 where a peer never had it) and the difference: node, target_s, peers_median_s, added_s."""
-    cols = ["node", "target_s", "peers_median_s", "added_s"]
-    out = _against_peers(inclusive(per_path), "node", target)
-    if out is None:
-        return pd.DataFrame(columns=cols)
-    return out[cols]
+    return _nodes_table(per_path, target)
 
 
 def as_functions(per_path: pd.DataFrame) -> pd.DataFrame:

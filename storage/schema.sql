@@ -272,6 +272,8 @@ CREATE TABLE IF NOT EXISTS {db}.profile_samples
     interval_ns Int64,
     role LowCardinality(String),
     path String CODEC(ZSTD(3)),
+    -- The path as a hash, for sums per path that do not read the paths' text (migration 0002).
+    path_hash UInt64 MATERIALIZED cityHash64(path),
     samples UInt32,
     hz Float32,
     ts DateTime64(3) MATERIALIZED fromUnixTimestamp64Nano(ts_ns)

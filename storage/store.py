@@ -115,6 +115,18 @@ class Store:
                 raise StoreError(f"insert into {table}: {type(e).__name__}: {e}") from e
         return len(columns[names[0]])
 
+    def insert_arrow(self, table: str, data: Any) -> int:
+        """Insert a pyarrow Table as it is (its columns named as the table's; dictionary arrays for
+        repeated strings, built without touching each value). Returns the number of rows written."""
+        if data.num_rows == 0:
+            return 0
+        with self._lock:
+            try:
+                self._client.insert_arrow(table, data, database=self.database)
+            except Exception as e:
+                raise StoreError(f"insert into {table}: {type(e).__name__}: {e}") from e
+        return int(data.num_rows)
+
     def close(self) -> None:
         with self._lock:
             try:

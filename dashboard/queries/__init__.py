@@ -42,12 +42,14 @@ from rankscope.dashboard.queries.console import (  # noqa: F401
 )
 from rankscope.dashboard.queries.fleet import (  # noqa: F401
     BUCKETS_S,
+    GPU_SUMMARY_COLUMNS,
     GPU_UTIL_COLUMNS,
     HOSTS_COLUMNS,
     HW_COLUMNS,
     HW_LATEST_COLUMNS,
     bucket_for,
     gpu_util_series,
+    gpu_util_summary,
     host_names,
     hosts,
     hw_latest,
@@ -56,6 +58,7 @@ from rankscope.dashboard.queries.fleet import (  # noqa: F401
 from rankscope.dashboard.queries.jobs import (  # noqa: F401
     FLIGHT_COLUMNS,
     HEATMAP_METRICS,
+    HEATMAP_WORST,
     JOBS_COLUMNS,
     RANKS_COLUMNS,
     STEP_COLUMNS,
@@ -67,6 +70,7 @@ from rankscope.dashboard.queries.jobs import (  # noqa: F401
     ranks,
     slow_watch,
     step_time_heatmap,
+    step_time_heatmaps,
     step_times,
 )
 from rankscope.dashboard.queries.reports import (  # noqa: F401
@@ -82,7 +86,7 @@ from rankscope.sql_guard import (  # noqa: F401
     check_readonly_sql,
     readonly_settings,
 )
-from rankscope.storage.profiles import profile_rows  # noqa: F401
+from rankscope.storage.profiles import path_seconds, profile_rows, rank_path_seconds  # noqa: F401
 from rankscope.storage.readonly import SqlResult, run_readonly  # noqa: F401
 from rankscope.storage.store import StoreError  # noqa: F401
 from rankscope.storage.windows import (  # noqa: F401

@@ -71,29 +71,55 @@ GPU_UTIL_COLUMNS = ["host", "device", "gpu", "t", "gpu_util"]
 
 
 def gpu_util_series(store: Store, window_s: float = 900.0, bucket_s: int = 10,
-                    now_ns: int | None = None) -> pd.DataFrame:
+                    now_ns: int | None = None, max_gpus: int = 0) -> pd.DataFrame:
     """Per-GPU utilisation over the last ``window_s`` seconds in ``bucket_s`` buckets (heatmap frame).
 
-    Columns: host, device, gpu ("host/device"), t (UTC bucket start), gpu_util (mean percent).
+    Columns: host, device, gpu ("host/device"), t (UTC bucket start), gpu_util (mean percent). With
+    ``max_gpus`` > 0, only the ``max_gpus`` GPUs with the lowest mean utilisation over the window
+    (the ones to look at in a fleet of thousands; :func:`gpu_util_summary` gives the fleet's figures).
     """
     check_positive("window_s", window_s)
     check_positive("bucket_s", bucket_s)
+    if max_gpus < 0:
+        raise ValueError(f"max_gpus must be >= 0, got {max_gpus!r}")
     now = now_or_wall_ns(now_ns)
     db = store.database
+    lowest = f"""
+          AND (host, device) IN (
+            SELECT host, device FROM {db}.hw_samples
+            WHERE metric = 'gpu_util' AND ts_ns >= {{since:Int64}}
+            GROUP BY host, device ORDER BY avg(value), host, device LIMIT {{max_gpus:UInt32}})""" if max_gpus else ""
     sql = f"""
         SELECT host, device, intDiv(ts_ns, {{b:Int64}}) * {{b:Int64}} AS t_ns, avg(value) AS gpu_util
         FROM {db}.hw_samples
-        WHERE metric = 'gpu_util' AND ts_ns >= {{since:Int64}}
+        WHERE metric = 'gpu_util' AND ts_ns >= {{since:Int64}}{lowest}
         GROUP BY host, device, t_ns
         ORDER BY host, device, t_ns
     """
-    df = store.query_df(sql, {"b": int(bucket_s * 1e9), "since": now - int(window_s * 1e9)})
+    df = store.query_df(sql, {"b": int(bucket_s * 1e9), "since": now - int(window_s * 1e9), "max_gpus": int(max_gpus)})
     if df.empty:
         return pd.DataFrame(columns=GPU_UTIL_COLUMNS)
     df["gpu"] = df["host"].astype(str) + "/" + df["device"].astype(str)
     df["t"] = as_datetime(df["t_ns"])
     df["gpu_util"] = df["gpu_util"].round(1)
     return df[GPU_UTIL_COLUMNS]
+
+
+GPU_SUMMARY_COLUMNS = ["gpus", "gpu_util"]
+
+
+def gpu_util_summary(store: Store, window_s: float = 900.0, now_ns: int | None = None) -> pd.DataFrame:
+    """The fleet's GPUs that sent ``gpu_util`` in the last ``window_s`` seconds and the mean over
+    every such sample: one row, :data:`GPU_SUMMARY_COLUMNS` (gpu_util NaN without samples)."""
+    check_positive("window_s", window_s)
+    now = now_or_wall_ns(now_ns)
+    sql = f"""
+        SELECT toInt64(uniqExact(host, device)) AS gpus, if(count() > 0, avg(value), nan) AS gpu_util
+        FROM {store.database}.hw_samples
+        WHERE metric = 'gpu_util' AND ts_ns >= {{since:Int64}}
+    """
+    df = store.query_df(sql, {"since": now - int(window_s * 1e9)})
+    return df[GPU_SUMMARY_COLUMNS] if not df.empty else pd.DataFrame({"gpus": [0], "gpu_util": [float("nan")]})
 
 
 # Hosts: hardware time series ------------------------------------------------------------------------

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from rankscope.dashboard.queries.alerts import alerts, lost_time
 from rankscope.dashboard.queries.common import as_datetime, check_positive, now_or_wall_ns
+from rankscope.last_arrivals import Step
 from rankscope.last_arrivals import slow_watch as last_arrivals_slow_watch
-from rankscope.last_arrivals import steps_from_records
 from rankscope.rank_states import DEAD, EXITED, HUNG, RUNNING, SLOW, WAITING, base_state
 from rankscope.sql_guard import READONLY_STATEMENTS as READONLY_STATEMENTS
 from rankscope.sql_guard import SqlRefused as SqlRefused
@@ -181,20 +182,17 @@ def derive_rank_states(rows: pd.DataFrame, open_alerts: pd.DataFrame,
                 named.setdefault(kind, set()).add(int(r))
                 per_rank.setdefault(int(r), []).append(kind)
 
-    def state(row: Any) -> str:
-        rank = int(row["rank"])
-        stats = base_state(row.get("stats_state"))
-        if row.get("exit_reason"):
-            return EXITED
-        if rank in named["dead_rank"] or stats == DEAD or row["heartbeat_age_s"] > dead_after_s:
-            return DEAD
-        if rank in named["hang"] or stats == HUNG:
-            return HUNG
-        if rank in named["slow_rank"] or stats == SLOW or rank in watched:
-            return SLOW
-        return WAITING if stats == WAITING else RUNNING
-
-    df["state"] = df.apply(state, axis=1)
+    # The steps above, over whole columns (a 10,000-rank job's table in milliseconds).
+    rank = df["rank"].astype(int)
+    stats = (df["stats_state"] if "stats_state" in df.columns else pd.Series("", index=df.index)).map(base_state)
+    exited = (df["exit_reason"] if "exit_reason" in df.columns else pd.Series("", index=df.index)).map(bool)
+    stale = pd.to_numeric(df["heartbeat_age_s"], errors="coerce").gt(dead_after_s)
+    conditions = [exited.to_numpy(dtype=bool),
+                  (rank.isin(named["dead_rank"]) | (stats == DEAD) | stale).to_numpy(dtype=bool),
+                  (rank.isin(named["hang"]) | (stats == HUNG)).to_numpy(dtype=bool),
+                  (rank.isin(named["slow_rank"]) | (stats == SLOW) | rank.isin(watched)).to_numpy(dtype=bool),
+                  (stats == WAITING).to_numpy(dtype=bool)]
+    df["state"] = np.select(conditions, [EXITED, DEAD, HUNG, SLOW, WAITING], default=RUNNING)
     df["alerts"] = [", ".join(sorted(set(per_rank.get(int(r), [])))) for r in df["rank"]]
     for c in RANKS_COLUMNS:
         if c not in df.columns:
@@ -221,17 +219,25 @@ def slow_watch(store: Store, job: str, n_ranks: int, min_s: float = 10.0, min_st
     check_positive("min_s", min_s)
     if n_ranks < 3:
         return {}
+    db = store.database
+    # Each complete step's two last arrivals (arrival = end - collective wait), reduced in the store as
+    # rankscope.last_arrivals.steps_from_records reduces records: (arrival, rank, step time) largest
+    # first. FINAL drops re-inserted rows; a job of 10,000 ranks returns its steps, not its records.
     sql = f"""
-        SELECT rank, step, start_ns, end_ns, comm_ns FROM {store.database}.steps
-        WHERE job = {{job:String}} AND step > (
-            SELECT max(step) FROM {store.database}.steps WHERE job = {{job:String}}) - {{max_steps:Int64}}
-        LIMIT 1 BY job, rank, step
+        SELECT step, toInt64(count()) AS n, groupArraySorted(2)((-arrival, -rank, -dur)) AS last_two
+        FROM (SELECT rank, step, end_ns - greatest(0, comm_ns) AS arrival, greatest(0, end_ns - start_ns) AS dur
+              FROM {db}.steps FINAL
+              WHERE job = {{job:String}} AND step > (
+                  SELECT max(step) FROM {db}.steps WHERE job = {{job:String}}) - {{max_steps:Int64}})
+        GROUP BY step ORDER BY step
     """
-    df = store.query_df(sql, {"job": job, "max_steps": int(max_steps)})
-    if df.empty:
-        return {}
-    records = zip(df["rank"], df["step"], df["start_ns"], df["end_ns"], df["comm_ns"], strict=True)
-    steps = steps_from_records(records, n_ranks)
+    rows = store.query_rows(sql, {"job": job, "max_steps": int(max_steps)})
+    steps = []
+    for step, n, last_two in rows:
+        if int(n) < max(2, n_ranks) or len(last_two) < 2:
+            continue
+        (a, r, dur), second = (-int(v) for v in last_two[0]), -int(last_two[1][0])
+        steps.append(Step(int(step), r, max(0, a - second), dur, a))
     return last_arrivals_slow_watch(steps, n_ranks, min_s, min_steps)
 
 
@@ -298,34 +304,75 @@ def flight_records(store: Store, job: str, limit: int = 64) -> pd.DataFrame:
 
 
 HEATMAP_METRICS = {"step_ms": "duration_ns", "busy_ms": "busy_ns", "comm_ms": "comm_ns"}
+#: How a bin of ranks shows each metric: its slowest rank (longest step and busy time) and the rank
+#: that waits least in collectives (the one the others wait for).
+HEATMAP_WORST = {"step_ms": "max", "busy_ms": "max", "comm_ms": "min"}
+
+
+def step_time_heatmaps(store: Store, job: str, last_n: int = 400, max_cols: int = 100,
+                       max_rows: int = 0) -> pd.DataFrame:
+    """Rank x step heatmap frame of every metric of :data:`HEATMAP_METRICS` for large jobs, in one
+    pass: median per rank and bin of steps; steps are binned so that at most ``max_cols`` columns
+    come back, ``step`` being the first step of its bin. Columns: rank, step, step_ms, busy_ms, comm_ms.
+
+    With ``max_rows`` > 0 and more ranks than that, ranks are binned too (at most ``max_rows`` rows):
+    ``rank`` is the first rank of its bin, ``ranks`` its range ("0-99"), each metric the bin's worst
+    rank's (:data:`HEATMAP_WORST`) and ``worst_<metric>`` that rank.
+    """
+    check_positive("last_n", last_n)
+    check_positive("max_cols", max_cols)
+    if max_rows < 0:
+        raise ValueError(f"max_rows must be >= 0, got {max_rows!r}")
+    width = max(1, -(-int(last_n) // int(max_cols)))
+    db = store.database
+    medians = ", ".join(f"quantile(0.5)({col}) / 1e6 AS {m}" for m, col in HEATMAP_METRICS.items())
+    per_rank = f"""
+        SELECT rank, intDiv(step, {{w:UInt32}}) * {{w:UInt32}} AS step_bin, {medians}
+        FROM {db}.steps
+        WHERE job = {{job:String}}
+          AND step > (SELECT max(step) FROM {db}.steps WHERE job = {{job:String}}) - {{n:Int64}}
+        GROUP BY rank, step_bin"""
+    params = {"job": job, "n": int(last_n), "w": width}
+    binned = False
+    if max_rows:
+        top = store.query_rows(f"SELECT max(rank) + 1 FROM {db}.steps WHERE job = {{job:String}}", {"job": job})
+        ranks = int(top[0][0] or 0) if top else 0
+        binned = ranks > max_rows
+    if not binned:
+        df = store.query_df(per_rank + " ORDER BY rank, step_bin", params)
+        cols = ["rank", "step", *HEATMAP_METRICS]
+        return df.rename(columns={"step_bin": "step"})[cols] if not df.empty else pd.DataFrame(columns=cols)
+    params["rw"] = -(-ranks // int(max_rows))
+    worst = ", ".join(f"{HEATMAP_WORST[m]}({m}) AS bin_{m}, arg{HEATMAP_WORST[m].title()}(rank, {m}) AS worst_{m}"
+                      for m in HEATMAP_METRICS)
+    df = store.query_df(f"""
+        SELECT intDiv(rank, {{rw:UInt32}}) * {{rw:UInt32}} AS rank_bin, step_bin, {worst},
+               min(rank) AS lo, max(rank) AS hi
+        FROM ({per_rank})
+        GROUP BY rank_bin, step_bin ORDER BY rank_bin, step_bin""", params)
+    cols = ["rank", "step", "ranks", *HEATMAP_METRICS, *(f"worst_{m}" for m in HEATMAP_METRICS)]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    df = df.rename(columns={"rank_bin": "rank", "step_bin": "step", **{f"bin_{m}": m for m in HEATMAP_METRICS}})
+    df["ranks"] = df["lo"].astype(str) + "-" + df["hi"].astype(str)
+    return df[cols]
 
 
 def step_time_heatmap(store: Store, job: str, metric: str = "step_ms", last_n: int = 400,
-                      max_cols: int = 100) -> pd.DataFrame:
+                      max_cols: int = 100, max_rows: int = 0) -> pd.DataFrame:
     """Rank x step heatmap frame for large jobs: median ``metric`` per rank and bin of steps.
 
     ``metric`` is one of :data:`HEATMAP_METRICS` (step_ms, busy_ms, comm_ms). Steps are binned so
     that at most ``max_cols`` columns come back; ``step`` is the first step of its bin. Long
-    format: rank, step, <metric>.
+    format: rank, step, <metric>; with ranks binned too (``max_rows``, :func:`step_time_heatmaps`)
+    also ranks and worst_rank.
     """
     if metric not in HEATMAP_METRICS:
         raise ValueError(f"metric must be one of {sorted(HEATMAP_METRICS)}, got {metric!r}")
-    check_positive("last_n", last_n)
-    check_positive("max_cols", max_cols)
-    width = max(1, -(-int(last_n) // int(max_cols)))
-    db = store.database
-    sql = f"""
-        SELECT rank, intDiv(step, {{w:UInt32}}) * {{w:UInt32}} AS step_bin,
-               quantile(0.5)({HEATMAP_METRICS[metric]}) / 1e6 AS value
-        FROM {db}.steps
-        WHERE job = {{job:String}}
-          AND step > (SELECT max(step) FROM {db}.steps WHERE job = {{job:String}}) - {{n:Int64}}
-        GROUP BY rank, step_bin
-        ORDER BY rank, step_bin
-    """
-    df = store.query_df(sql, {"job": job, "n": int(last_n), "w": width})
-    df = df.rename(columns={"step_bin": "step", "value": metric})
-    return df if not df.empty else pd.DataFrame(columns=["rank", "step", metric])
+    df = step_time_heatmaps(store, job, last_n=last_n, max_cols=max_cols, max_rows=max_rows)
+    if "ranks" in df.columns:
+        return df[["rank", "step", metric, "ranks", f"worst_{metric}"]].rename(columns={f"worst_{metric}": "worst_rank"})
+    return df[["rank", "step", metric]]
 
 
 def lost_rank_seconds(store: Store, job: str | None = None, now_ns: int | None = None) -> pd.DataFrame:

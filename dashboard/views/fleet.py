@@ -8,6 +8,8 @@ import streamlit as st
 from rankscope.config import Settings
 from rankscope.dashboard import queries, ui
 
+MAX_GPU_ROWS = 64     # rows of the GPU heatmap
+
 
 def panel(cfg: Settings, span: ui.TimeRange) -> None:
     jobs = ui.query(cfg, "jobs")
@@ -17,15 +19,20 @@ def panel(cfg: Settings, span: ui.TimeRange) -> None:
     hosts = ui.query(cfg, "hosts")
     since, until = span.bounds()
     window_s = (until - since) / 1e9
+    now_ns = until if span.key == "custom" else None
+    # Thousands of GPUs: the heatmap shows the MAX_GPU_ROWS least used; the metric covers them all.
     gpu = ui.query(cfg, "gpu_util_series", window_s=window_s, bucket_s=queries.bucket_for(window_s, points=120),
-                   now_ns=until if span.key == "custom" else None)
+                   now_ns=now_ns, max_gpus=MAX_GPU_ROWS)
+    summary = ui.query(cfg, "gpu_util_summary", window_s=window_s, now_ns=now_ns)
+    gpus_total = int(summary["gpus"].iloc[0]) if not summary.empty else 0
+    fleet_util = float(summary["gpu_util"].iloc[0]) if not summary.empty else float("nan")
     live_ranks = int(hosts["live_ranks"].sum()) if not hosts.empty else 0
     c = st.columns(5)
     c[0].metric("Jobs", len(jobs))
     c[1].metric("Live ranks", live_ranks)
     c[2].metric("Hosts", len(hosts))
     c[3].metric("Open alerts", int(jobs["open_alerts"].sum()))
-    c[4].metric("GPU utilisation", f"{gpu['gpu_util'].mean():.0f} %" if not gpu.empty else "n/a",
+    c[4].metric("GPU utilisation", f"{fleet_util:.0f} %" if gpus_total and fleet_util == fleet_util else "n/a",
                 help=f"Mean over every GPU sample of the {span.label} (hw_samples metric gpu_util).")
 
     st.subheader("Jobs")
@@ -82,6 +89,10 @@ def panel(cfg: Settings, span: ui.TimeRange) -> None:
             .properties(height=max(160, 30 * gpu["gpu"].nunique()))
         )
         st.altair_chart(chart, width="stretch")
+        if gpus_total > gpu["gpu"].nunique():
+            st.caption(f"The {gpu['gpu'].nunique()} GPUs of {gpus_total:,} with the lowest mean utilisation in the "
+                       f"{span.label}; the fleet's mean is {fleet_util:.0f} %. Each host's GPUs are in the table "
+                       "above and on its Host page.")
 
 
 st.title("Fleet overview")

@@ -4,6 +4,7 @@ the ranks' sampled stacks (the profile panel: a flame graph, and one rank agains
 The job comes from ``?job=`` (links from the fleet page) or the picker, which keeps the URL in step.
 """
 
+from dataclasses import replace
 from functools import partial
 
 import altair as alt
@@ -12,11 +13,47 @@ import streamlit as st
 
 from rankscope.config import Settings
 from rankscope.dashboard import profile_panel, queries, ui
+from rankscope.rank_states import RANK_STATES, RUNNING
 
-TABLE_MAX_RANKS = queries.HEATMAP_MIN_RANKS
+TABLE_MAX_RANKS = queries.HEATMAP_MIN_RANKS   # a plain table up to here, a scrolling data grid above
+ROWS_IN_VIEW = 12          # rows the grid shows before it scrolls: past them, the abnormal ranks come first
+STYLED_MAX_RANKS = 1024    # state cells coloured up to here (pandas' Styler takes ~0.2 ms a row to send)
+HEATMAP_MAX_ROWS = 100     # rank rows of the step-time heatmaps; more ranks are binned
+RANKS_PER_REFRESH_S = 1000
+
+
+def refresh_s(cfg: Settings, job: str) -> float:
+    """How often the live panel reruns: the configured period, and a second per 1,000 ranks beyond it
+    (a rerun of a 10,000-rank job's panel costs the server ~0.5 s and the browser ~1 s)."""
+    try:
+        jobs = ui.query(cfg, "jobs")
+    except queries.StoreError:
+        return cfg.dashboard_refresh_s
+    world = jobs.loc[jobs["job"] == job, "world_size"]
+    return max(cfg.dashboard_refresh_s, (int(world.iloc[0]) if len(world) else 0) / RANKS_PER_REFRESH_S)
+
+
+def by_severity(ranks: pd.DataFrame) -> pd.DataFrame:
+    """The ranks not running first, most severe state first (rankscope.rank_states), then by rank."""
+    severity = {s: i for i, s in enumerate(RANK_STATES)}
+    ranks = ranks.assign(_order=ranks["state"].map(severity).fillna(len(severity)))
+    return ranks.sort_values(["_order", "rank"], kind="stable").drop(columns="_order")
+
+
+def ranks_first(ranks: pd.DataFrame, limit: int = 50) -> list[int]:
+    """Up to ``limit`` ranks not running, most severe first (hung and slow before waiting)."""
+    shown = by_severity(ranks[ranks["state"] != RUNNING]) if not ranks.empty else ranks
+    return [int(r) for r in shown["rank"].head(limit)]
 
 
 def ranks_table(ranks: pd.DataFrame) -> None:
+    if len(ranks) > ROWS_IN_VIEW and len(ranks) > TABLE_MAX_RANKS:
+        ranks = by_severity(ranks)
+        normal = int((ranks["state"] == RUNNING).sum())
+        other = len(ranks) - normal
+        st.caption((f"The {other:,} rank{'s' if other != 1 else ''} not running come first, most severe first"
+                    + (f"; then the {normal:,} running ones by rank" if normal else "") if other
+                    else f"All {normal:,} ranks running, by rank") + ". Click a column to sort by it.")
     view = pd.DataFrame({
         "rank": ranks["rank"].astype(str),
         "state": ranks["state"].map(lambda s: ui.STATE_BADGE.get(s, s)),
@@ -33,25 +70,50 @@ def ranks_table(ranks: pd.DataFrame) -> None:
     if len(ranks) <= TABLE_MAX_RANKS:
         st.table(view, hide_index=True)
         return
-    colours = ranks["state"].map(ui.STATE_COLOUR).fillna("")
-    plain = view.assign(state=ranks["state"])
+    plain = view.assign(state=ranks["state"].to_numpy())
+    if len(ranks) > STYLED_MAX_RANKS:
+        st.dataframe(plain, hide_index=True, height=420)
+        return
+    colours = ranks["state"].map(ui.STATE_COLOUR).fillna("").tolist()
     styled = plain.style.apply(lambda _c: [f"background-color: {c}" for c in colours], subset=["state"])
     st.dataframe(styled, hide_index=True, height=420)
 
 
 def step_charts(cfg: Settings, job: str, world: int) -> None:
-    tabs = st.tabs(["Busy time (compute)", "Step time", "Collective wait"])
     metrics = [("busy_ms", "busy ms"), ("step_ms", "step ms"), ("comm_ms", "collective wait ms")]
+    names = ["Busy time (compute)", "Step time", "Collective wait"]
     if world > queries.HEATMAP_MIN_RANKS:
+        # Only the open tab's heatmap is drawn (picking another reruns the panel): each is a chart
+        # the browser lays out, and the panel refreshes.
+        tabs = st.tabs(names, key="step_chart_tab", on_change="rerun")
+        frame = ui.query(cfg, "step_time_heatmaps", job=job, max_rows=HEATMAP_MAX_ROWS)
+        binned = "ranks" in frame.columns
+        rows = frame["rank"].nunique() if not frame.empty else 0
         for tab, (metric, title) in zip(tabs, metrics, strict=True):
-            frame = ui.query(cfg, "step_time_heatmap", job=job, metric=metric)
+            if tab.open is False:
+                continue
             with tab:
-                chart = alt.Chart(frame).mark_rect().encode(
-                    x=alt.X("step:O", title="step"), y=alt.Y("rank:O", title="rank"),
+                if binned:
+                    worst = "slowest" if queries.HEATMAP_WORST[metric] == "max" else "shortest-waiting"
+                    data = frame[["rank", "step", "ranks", metric, f"worst_{metric}"]].rename(
+                        columns={f"worst_{metric}": "worst_rank"})
+                    tooltip = [alt.Tooltip("ranks:N", title="ranks"), "step",
+                               alt.Tooltip("worst_rank:Q", title=f"{worst} rank"), metric]
+                    y = alt.Y("rank:O", title="ranks (first of each bin)", axis=alt.Axis(labelOverlap=True))
+                else:
+                    data = frame[["rank", "step", metric]]
+                    tooltip = ["rank", "step", metric]
+                    y = alt.Y("rank:O", title="rank")
+                chart = alt.Chart(data).mark_rect().encode(
+                    x=alt.X("step:O", title="step"), y=y,
                     color=alt.Color(f"{metric}:Q", title=title, scale=alt.Scale(scheme="inferno")),
-                    tooltip=["rank", "step", metric])
-                st.altair_chart(chart.properties(height=min(900, 4 * world + 60)), width="stretch")
+                    tooltip=tooltip)
+                st.altair_chart(chart.properties(height=min(900, 4 * max(rows, 1) + 60)), width="stretch")
+                if binned:
+                    st.caption(f"{world:,} ranks in {rows} bins; each cell shows its bin's {worst} rank "
+                               "(named in the tooltip), so one slow rank colours its bin.")
         return
+    tabs = st.tabs(names)
     frame = ui.query(cfg, "step_times", job=job)
     if frame.empty:
         st.caption("No steps recorded yet.")
@@ -148,11 +210,14 @@ st.title("Job")
 cfg = ui.connect()
 chosen = ui.choose_job(cfg) if cfg is not None else None
 if cfg is not None and chosen is not None:
-    ui.live(cfg, partial(panel, cfg, chosen))
+    ui.live(replace(cfg, dashboard_refresh_s=refresh_s(cfg, chosen)), partial(panel, cfg, chosen))
     st.subheader("Profile")
     try:
         seen = ui.query(cfg, "ranks", job=chosen, dead_after_s=cfg.dead_after_s, slow_min_s=cfg.straggler_min_s,
                         slow_min_steps=cfg.straggler_min_slow_steps)
-        profile_panel.render(cfg, chosen, sorted(int(r) for r in seen["rank"]) if not seen.empty else [])
+        ranks = sorted(int(r) for r in seen["rank"]) if not seen.empty else []
+        # The ranks not running (most severe first) lead the picker of a large job.
+        first = ranks_first(seen) if len(ranks) > profile_panel.MAX_RANK_OPTIONS else []
+        profile_panel.render(cfg, chosen, ranks, first=first)
     except queries.StoreError as e:
         st.warning(f"The store did not answer: {e}")
