@@ -62,7 +62,7 @@ def demo_job(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def demo(args: argparse.Namespace, settings: Settings) -> int:
-    from rankscope.commands.stack import up
+    from rankscope.commands.local_stack import up
 
     rc = up(args, settings)
     if rc:
