@@ -69,6 +69,8 @@ class Tracer:
                  handle_signals: bool = True, **overrides: Any) -> None:
         self._ok = False
         self._closed = False
+        self._close_done = False
+        self._sigterm_pending = False   # a SIGTERM that came while the exit record was on its way
         try:
             self._init(settings, clock, transport, install_collective_timing, handle_signals, overrides)
             self._ok = True
@@ -272,6 +274,10 @@ class Tracer:
                 sys.excepthook = self._prev_excepthook
         except Exception:
             pass
+        finally:
+            self._close_done = True
+        if self._sigterm_pending:
+            self._die_of_sigterm()
 
     def __enter__(self) -> Tracer:
         return self
@@ -455,6 +461,16 @@ class Tracer:
             self._prev_excepthook(exc_type, exc, tb)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """Send a ``signal`` exit record, then die of SIGTERM. A SIGTERM that interrupts a close under
+        way (the launcher stopping the ranks while this one sends the exit record of its exception)
+        lets that close finish first, then dies: the record says what this rank died of."""
+        if self._closed and not self._close_done:
+            self._sigterm_pending = True
+            return
         self.close("signal", "SIGTERM")
+        self._die_of_sigterm()
+
+    @staticmethod
+    def _die_of_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.raise_signal(signal.SIGTERM)

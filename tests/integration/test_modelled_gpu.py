@@ -164,6 +164,9 @@ def test_a_mismatched_collective_is_named_with_both_shapes(stack: Stack) -> None
     job = f"gpu-mismatch-{uuid.uuid4().hex[:6]}"
     log = work / f"{job}.log"
     reader = AlertReader(settings)
+    # The odd rank stays on its code path (the script's default): rankscope samples the newest
+    # coll_ring collectives every coll_read_s, so a mismatch over in less (200 steps ran in 1.7 s
+    # here) may fall between two reads.
     proc = run_job(settings, job, log, "--steps", "100000", "--mismatch-rank", "3", "--mismatch-at-step", "150")
     try:
         alert = reader.wait_for(lambda a: a.job == job and a.kind == "collective_mismatch", 300,

@@ -159,3 +159,39 @@ def test_a_profiler_start_that_never_returns_is_a_stall_after_the_pause_limit():
     assert tracer.heartbeat_body()["since_step_s"] == 15.0
     tracer._tool_since_ns = 0
     tracer.close()
+
+
+def test_a_sigterm_during_the_exception_exit_record_waits_for_it():
+    """The launcher SIGTERMs the ranks when one dies; a rank sending the exit record of its own
+    exception (a peer's connection reset) then still gets it out, and dies of the SIGTERM after."""
+    clock = ManualClock()
+    tracer, t = make(clock)
+    tracer.step()
+    events: list[str] = []
+    drain = tracer.windows.drain
+
+    def drain_then_sigterm(timeout_s: float) -> None:
+        drain(timeout_s)
+        tracer._on_sigterm(15, None)       # the signal handler runs on the closing main thread
+        events.append("sigterm handled")
+
+    tracer.windows.drain = drain_then_sigterm
+    tracer._die_of_sigterm = lambda: events.append(f"died after {[m.kind for m in t.messages()][-1]}")
+    try:
+        raise RuntimeError("Connection reset by peer")
+    except RuntimeError as e:
+        tracer.close_on_exception(type(e), e, e.__traceback__)
+    exits = [m for m in t.messages() if m.kind == "exit"]
+    assert len(exits) == 1 and exits[0].body["reason"] == "exception", exits
+    assert "Connection reset by peer" in exits[0].body["detail"]
+    assert events == ["sigterm handled", "died after exit"]
+
+
+def test_a_sigterm_after_close_dies_at_once():
+    clock = ManualClock()
+    tracer, t = make(clock)
+    tracer.close()
+    died: list[bool] = []
+    tracer._die_of_sigterm = lambda: died.append(True)
+    tracer._on_sigterm(15, None)
+    assert died == [True] and [m.body["reason"] for m in t.messages() if m.kind == "exit"] == ["completed"]

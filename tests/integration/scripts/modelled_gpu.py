@@ -94,7 +94,7 @@ def main() -> int:
     p.add_argument("--hang-at-step", type=int, default=-1)
     p.add_argument("--mismatch-rank", type=int, default=-1)
     p.add_argument("--mismatch-at-step", type=int, default=-1)
-    p.add_argument("--mismatch-steps", type=int, default=200)
+    p.add_argument("--mismatch-steps", type=int, default=1_000_000)
     p.add_argument("--kill-rank", type=int, default=-1)
     p.add_argument("--kill-at-step", type=int, default=-1)
     args = p.parse_args()
