@@ -27,20 +27,18 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from benchmarks import big_job_store as big
-from rankscope.storage.serve import TOOLBAR_MODE
+from benchmarks.dashboard_process import free_port, running, streamlit_cmd
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("RANKSCOPE_CHROMIUM", "/usr/bin/chromium")
@@ -112,50 +110,17 @@ def fill_store(dsn: str, timeout_s: float = 300.0) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
-def dashboard(dsn: str, data_dir: Path, app_root: Path = ROOT, timeout_s: float = 120.0) -> Iterator[str]:
+def dashboard(dsn: str, data_dir: Path, app_root: Path = ROOT) -> Iterator[str]:
     """A dashboard server on ``dsn`` (``app_root``'s dashboard/app.py); yields its URL once healthy."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "RANKSCOPE_CLICKHOUSE_DSN": dsn, "RANKSCOPE_DATA_DIR": str(data_dir),
            "RANKSCOPE_DEAD_AFTER_S": "3600"}   # the ranks stopped beating when the store was built
     if app_root != ROOT:
         env["PYTHONPATH"] = os.pathsep.join([str(app_root), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app_root / "dashboard" / "app.py"), "--server.port",
-           str(port), "--server.address", "127.0.0.1", "--server.headless", "true",
-           "--browser.gatherUsageStats", "false", "--client.toolbarMode", TOOLBAR_MODE]
-    log = data_dir / "streamlit.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=app_root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the dashboard exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the dashboard not healthy after {timeout_s:.0f} s")
-            time.sleep(0.2)
+    with running(streamlit_cmd(port, app_root / "dashboard" / "app.py"), port, env, data_dir / "streamlit.log",
+                 app_root) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 @contextmanager

@@ -3,47 +3,14 @@ endpoint answers, stopped, and its log checked for tracebacks (a helper module, 
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rankscope.storage.serve import TOOLBAR_MODE
+from benchmarks.dashboard_process import free_port, running, streamlit_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def streamlit_cmd(port: int) -> list[str]:
-    """The dashboard app alone (no sink), on loopback ``port``, with the toolbar ``rankscope serve`` sets."""
-    return [sys.executable, "-m", "streamlit", "run", "dashboard/app.py", "--server.port", str(port),
-            "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
-            "--client.toolbarMode", TOOLBAR_MODE]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = START_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the dashboard exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the dashboard not healthy after {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+__all__ = ["ROOT", "free_port", "served", "streamlit_cmd"]
 
 
 @contextmanager
@@ -51,18 +18,6 @@ def served(cmd: list[str], port: int, env: dict[str, str], log: Path, cwd: Path 
            stop_timeout_s: float = 15.0) -> Iterator[str]:
     """Run ``cmd`` (a dashboard listening on ``port``), yield its URL once healthy, then stop it and
     assert its log has no traceback."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, log)
+    with running(cmd, port, env, log, cwd, stop_timeout_s) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
