@@ -15,9 +15,10 @@ def path_strings(names: Sequence[str], paths: Sequence[Sequence[int]], ids: Iter
                  sep: str = ";") -> dict[int, str]:
     """Call-path id -> ``"root;...;leaf"`` for ``ids`` (all paths if None). Raises ValueError on a
     malformed table (a cycle, an index out of range)."""
+    if ids is not None:
+        return _leaf_strings(names, paths, ids, sep)
     out: dict[int, str] = {}
-    want = range(len(paths)) if ids is None else ids
-    for pid in want:
+    for pid in range(len(paths)):
         if pid in out:
             continue
         chain: list[int] = []
@@ -34,6 +35,30 @@ def path_strings(names: Sequence[str], paths: Sequence[Sequence[int]], ids: Iter
                 raise ValueError(f"call path {q} names index {ni}, table has {len(names)}")
             prefix = names[ni] if prefix is None else f"{prefix}{sep}{names[ni]}"
             out[q] = prefix
+    return out
+
+
+def _leaf_strings(names: Sequence[str], paths: Sequence[Sequence[int]], ids: Iterable[int],
+                  sep: str) -> dict[int, str]:
+    """:func:`path_strings` for a few ``ids``: each one's frames, walked up to its root and joined
+    once (no string is built for the paths in between)."""
+    out: dict[int, str] = {}
+    npaths, nnames = len(paths), len(names)
+    for pid in ids:
+        if pid in out:
+            continue
+        chain: list[str] = []
+        p = pid
+        while p >= 0:
+            if p >= npaths or len(chain) > npaths:
+                raise ValueError(f"call path {pid} is malformed (at {p})")
+            parent, ni = paths[p]
+            if not 0 <= ni < nnames:
+                raise ValueError(f"call path {p} names index {ni}, table has {nnames}")
+            chain.append(names[ni])
+            p = parent
+        chain.reverse()
+        out[pid] = sep.join(chain)
     return out
 
 

@@ -95,9 +95,10 @@ def fr_dump_row(env: Envelope) -> dict[str, Any]:
 
 def profile_columns(env: Envelope, out: Columns) -> int:
     """A ``profile`` message's call paths, one row each (``path`` "" holds a role's samples that
-    left the message's rows). Returns the rows added."""
+    left the message's rows), of an envelope wire.decode accepted (it validated the body). Returns
+    the rows added."""
     try:
-        rows = profile.rows(profile.validate(env.body))
+        rows = profile.rows(profile.from_validated(env.body))
     except ValueError as e:
         raise InvalidMessage("bad_body", str(e)) from None
     b = env.body

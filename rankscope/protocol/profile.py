@@ -66,7 +66,7 @@ def _typed(name: str, v: Any) -> bool:
         return True
     items = cast(list[Any], v)
     if item is list:
-        return all(type(x) is list and all(type(y) is int for y in x) for x in items)
+        return True         # the call-path table's entries: checked with their bounds in validate
     return all(type(x) is item for x in items)
 
 
@@ -87,9 +87,12 @@ def validate(body: dict[str, Any]) -> ProfileBody:
     n = len(p.path)
     if n > MAX_ROWS or len(p.role) != n or len(p.count) != n:
         raise ValueError(f"profile: path, role and count are rows of equal length, at most {MAX_ROWS}")
-    npaths = len(p.paths)
-    for i, parent_name in enumerate(p.paths):   # a parent comes before its callees: no cycles
-        if len(parent_name) != 2 or not -1 <= parent_name[0] < i or not 0 <= parent_name[1] < len(p.names):
+    npaths, nnames = len(p.paths), len(p.names)
+    for i, entry in enumerate(p.paths):   # a parent comes before its callees: no cycles
+        if type(entry) is not list or len(entry) != 2:
+            raise ValueError("profile: paths entries are [parent, name index] pairs")
+        parent, name_idx = entry
+        if type(parent) is not int or type(name_idx) is not int or not -1 <= parent < i or not 0 <= name_idx < nnames:
             raise ValueError("profile: paths entries are [parent (-1 at a root, else an earlier entry), name index]")
     if any(not 0 <= x < npaths for x in p.path) or any(not 0 <= r < len(p.roles) for r in p.role):
         raise ValueError("profile: a row names a path or role outside its table")
