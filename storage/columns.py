@@ -50,6 +50,9 @@ ARROW_TYPES: dict[str, dict[str, str]] = {
     "steps": {"job": "dict", "rank": "int32", "step": "int64", "start_ns": "int64", "end_ns": "int64",
               "duration_ns": "int64", "comm_ns": "int64", "busy_ns": "int64", "host": "dict", "pid": "int32",
               "seq": "int64"},
+    "profile_samples": {"job": "dict", "rank": "int32", "host": "dict", "pid": "int32", "ts_ns": "int64",
+                        "interval_ns": "int64", "role": "dict", "path": "dict", "samples": "uint32",
+                        "hz": "float32"},
 }
 # Insert order: facts first, then the upserts that summarise them.
 TABLE_ORDER = (*TABLE_COLUMNS, "ranks", "jobs")

@@ -247,8 +247,8 @@ def arrow_table(columns: dict[str, list[Any]], types: dict[str, str]) -> Any:
     """A pyarrow Table of ``columns`` with the named Arrow types ("dict" = dictionary-encoded string)."""
     import pyarrow as pa
 
-    named = {"dict": pa.dictionary(pa.int32(), pa.string()), "int32": pa.int32(), "int64": pa.int64(),
-             "float64": pa.float64()}
+    named = {"dict": pa.dictionary(pa.int32(), pa.string()), "int32": pa.int32(), "uint32": pa.uint32(),
+             "int64": pa.int64(), "float32": pa.float32(), "float64": pa.float64()}
     return pa.table({n: pa.array(col, type=named[types[n]]) for n, col in columns.items()})
 
 

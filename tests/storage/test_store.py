@@ -82,8 +82,10 @@ def test_arrow_insert_stores_what_the_native_insert_stores(store: Store, table: 
     def value(name: str, kind: str, i: int) -> Any:
         if kind == "dict":
             return f"{name}-{i % 3}"
-        if kind == "float64":
-            return i * 1.25 - 3.0
+        if kind in ("float64", "float32"):
+            return i * 1.25 - 3.0      # exact in both
+        if kind == "uint32":
+            return 2**32 - 1 - i if i % 2 else i * 10**7
         if kind == "int32":
             return -(2**31) + i if i % 2 else i * 10**7
         return 1_800_000_000 * 10**9 + i * 10**9 + i   # recent: the tables' TTLs drop old rows
