@@ -99,6 +99,7 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     async def on_assigned(app: Any, assigned: Any, **kw: Any) -> None:
         jobs = sorted({tp.partition for tp in assigned if names.get(tp.topic) is Topic.SHARDS}
                       - set(job_stage.partition_of.values()))
+        job_stage.assigning(jobs)
         loop = asyncio.get_running_loop()
         incidents = await loop.run_in_executor(None, open_incidents, settings, jobs, clock.wall_ns() / 1e9)
         for p, alerts in incidents.items():

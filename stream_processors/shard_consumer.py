@@ -14,9 +14,9 @@ Contract:
   (:func:`~rankscope.stream_processors.rebuild.rebuild_shards`); revoked ones are dropped.
 - Offsets are stored after the fold and committed every 250 ms (at least once; folds are idempotent),
   so the committed offset, which lag monitors read, trails the fold by at most that.
-- A steps partition whose leader is down (librdkafka's statistics, every second) is judged at its
-  newest send time until its ranks can deliver again (:meth:`ShardStage.mark_reachable`): a broker
-  lost is not a rank lost.
+- A steps partition whose leader is down (librdkafka's statistics, every second) is judged at the
+  newest send time read before, until its ranks delivered again (:meth:`ShardStage.mark_reachable`):
+  a broker lost is not a rank lost.
 - The profiles partitions of the same numbers (same key, job/rank) are read beside them, from
   PROFILE_LOOKBACK_S before the assignment, by a consumer of their own that commits nothing: only a
   rank's newest profile interval matters (stream_processors/profile_digest.py).

@@ -30,6 +30,9 @@ log = logging.getLogger("rankscope.processors")
 
 Message = tuple[Topic, bytes, bytes]
 STEPS_KINDS = ("beat", "steps", "heartbeat", "exit")
+# Once a partition's leader is back, its ranks are judged at the time it went down until they all
+# delivered again, for at most this many dead_after_s.
+RECOVERY_FACTOR = 3.0
 
 
 class EnvelopeEncoder:
@@ -55,10 +58,12 @@ class ShardStage:
         self.shards: dict[tuple[int, str], ShardJob] = {}
         self.newest_sent_ns: dict[int, int] = {}
         self.behind: set[int] = set()
-        # Partitions whose leader is down (:meth:`mark_reachable`), and, once it is back, until when
-        # they are still judged at their newest send time: the ranks' producers deliver what they
-        # held meanwhile only after they learn the new leader.
+        # Partitions whose leader is down (:meth:`mark_reachable`), the newest send time read from
+        # each before it went down, and, once it is back, until when at most its ranks are still
+        # judged at that time: their producers deliver what they held only after they learn the
+        # new leader.
         self.unreachable: set[int] = set()
+        self.outage_from_s: dict[int, float] = {}
         self.recovering_until_s: dict[int, float] = {}
 
     def ingest(self, partition: int, env: Envelope, now_s: float) -> None:
@@ -94,27 +99,51 @@ class ShardStage:
     def mark_reachable(self, unreachable: set[int], now_s: float) -> None:
         """The partitions whose leader cannot be reached now (from the consumer's statistics). While
         a partition's leader is down its ranks cannot deliver, so their silence is no evidence: it
-        is judged at the partition's newest send time, then for ``dead_after_s`` after the leader is
-        back, while the ranks' producers send what they held."""
+        is judged at the newest send time read from it before the leader went down. Once the leader
+        is back it stays judged there until every rank that was live then has delivered something
+        sent after it (:meth:`frontier_s`), for at most ``RECOVERY_FACTOR x dead_after_s``: a rank
+        that died meanwhile is found then."""
+        for p in unreachable - self.unreachable:
+            if p not in self.outage_from_s:
+                self.outage_from_s[p] = self.newest_sent_ns.get(p, int(now_s * 1e9)) / 1e9
         for p in self.unreachable - unreachable:
-            self.recovering_until_s[p] = now_s + self.settings.dead_after_s
+            self.recovering_until_s[p] = now_s + RECOVERY_FACTOR * self.settings.dead_after_s
         self.unreachable = set(unreachable)
         for p in [p for p, until in self.recovering_until_s.items() if until <= now_s or p in self.unreachable]:
             del self.recovering_until_s[p]
+        for p in [p for p in self.outage_from_s if p not in self.unreachable and p not in self.recovering_until_s]:
+            del self.outage_from_s[p]
+
+    def _caught_up(self, partition: int) -> bool:
+        """Has every rank of ``partition`` that was live when its leader went down delivered a
+        message sent after that?"""
+        since = self.outage_from_s[partition]
+        return all(st.hb_s > since for (p, _job), sj in self.shards.items() if p == partition
+                   for st in sj.ranks.values()
+                   if not st.exit_reason and st.hb_s >= since - self.settings.dead_after_s)
 
     def frontier_s(self, partition: int, now_s: float) -> float:
         """The time up to which ``partition`` has been read: ``now_s`` when caught up, else the
-        newest send time read from it (also while its leader is down, and just after)."""
-        late = (partition in self.behind or partition in self.unreachable
-                or self.recovering_until_s.get(partition, 0.0) > now_s)
-        if late and partition in self.newest_sent_ns:
+        newest send time read from it; while its leader is down, and after until its ranks caught
+        up, the newest send time read before that."""
+        if partition in self.outage_from_s:
+            if partition in self.unreachable or (self.recovering_until_s.get(partition, 0.0) > now_s
+                                                 and not self._caught_up(partition)):
+                return min(now_s, self.outage_from_s[partition])
+            self.recovering_until_s.pop(partition, None)
+            del self.outage_from_s[partition]
+        if partition in self.behind and partition in self.newest_sent_ns:
             return min(now_s, self.newest_sent_ns[partition] / 1e9)
         return now_s
 
     def install(self, rebuilt: Iterable[ShardJob]) -> None:
-        """Take the state rebuilt from recent input for newly assigned partitions."""
+        """Take the state rebuilt from recent input for newly assigned partitions, and the newest
+        send time read of each partition."""
         for sj in rebuilt:
             self.shards[(sj.shard, sj.job)] = sj
+            newest_ns = int(max((st.hb_s for st in sj.ranks.values()), default=0.0) * 1e9)
+            if newest_ns > self.newest_sent_ns.get(sj.shard, 0):
+                self.newest_sent_ns[sj.shard] = newest_ns
 
     def revoke(self, partitions: set[int]) -> None:
         for key in [k for k in self.shards if k[0] in partitions]:
@@ -123,14 +152,18 @@ class ShardStage:
             self.newest_sent_ns.pop(p, None)
             self.behind.discard(p)
             self.unreachable.discard(p)
+            self.outage_from_s.pop(p, None)
             self.recovering_until_s.pop(p, None)
 
     def tick(self, now_s: float) -> list[Message]:
         """Every shard's summary and statistics; jobs idle for ``job_idle_s`` are retired."""
         out: list[Message] = []
         now_ns = int(now_s * 1e9)
+        frontiers: dict[int, float] = {}
         for key, sj in list(self.shards.items()):
-            frontier_s = self.frontier_s(sj.shard, now_s)
+            if sj.shard not in frontiers:
+                frontiers[sj.shard] = self.frontier_s(sj.shard, now_s)
+            frontier_s = frontiers[sj.shard]
             newest = max((st.hb_s for st in sj.ranks.values()), default=sj.last_input_s)
             retired = frontier_s - newest > self.settings.job_idle_s
             summary = sj.summary(now_s, self.settings, retired=retired, frontier_s=frontier_s)
@@ -149,6 +182,10 @@ class JobStage:
         self.settings = settings
         self.monitors: dict[str, JobMonitor] = {}
         self.partition_of: dict[str, int] = {}
+        # Shards partitions whose summaries are not taken now: revoked ones, and newly assigned ones
+        # until their open incidents are restored (a summary judged before that would open again,
+        # under a new id, an incident the previous owner opened).
+        self.closed: set[int] = set()
 
     def monitor(self, job: str, partition: int) -> JobMonitor:
         mon = self.monitors.get(job)
@@ -157,20 +194,31 @@ class JobStage:
         self.partition_of[job] = partition
         return mon
 
-    def ingest(self, partition: int, env: Envelope) -> None:
-        """Keep one shard summary (raises WireError when its body is invalid)."""
+    def ingest(self, partition: int, env: Envelope) -> bool:
+        """Keep one shard summary (raises WireError when its body is invalid); False when its
+        partition is not this worker's now."""
+        if partition in self.closed:
+            return False
         self.monitor(env.job, partition).add_summary(ShardSummary.from_body(env.body))
+        return True
+
+    def assigning(self, partitions: Iterable[int]) -> None:
+        """Newly assigned partitions: their summaries wait until :meth:`restore` took their incidents."""
+        self.closed |= set(partitions)
 
     def restore(self, partition: int, alerts: Iterable[Alert]) -> None:
-        """Open incidents read back from the alerts topic (in publication order) keep their ids."""
+        """Open incidents read back from the alerts topic (in publication order) keep their ids;
+        the partition's summaries are taken from now on."""
         for alert in alerts:
             if alert.kind in ("hang", "dead_rank", "slow_rank"):
                 self.monitor(alert.job, partition).restore(alert)
+        self.closed.discard(partition)
 
     def revoke(self, partitions: set[int]) -> None:
         for job in [j for j, p in self.partition_of.items() if p in partitions]:
             self.monitors.pop(job, None)
             self.partition_of.pop(job, None)
+        self.closed |= partitions
 
     def tick(self, now_s: float) -> list[Alert]:
         out: list[Alert] = []

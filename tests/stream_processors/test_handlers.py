@@ -92,6 +92,36 @@ def test_a_hang_is_alerted_once_and_asks_every_rank_for_its_flight_record():
     assert h.on_tick() == []                           # the same incident: nothing new
 
 
+def test_a_partition_handed_over_keeps_its_open_incident_and_a_revoked_one_is_not_judged():
+    """Worker A opens a hang; the shards partition moves to worker B. B takes no summary before it
+    restored A's incidents (else it would open the hang again under a new id), and A, whose late
+    events of the revoked partition still come, judges none of them."""
+    a, shards, clock, _ = rig()
+    beat(shards, clock.monotonic(), 0, 30)
+    judge(a, shards, clock.monotonic())
+    clock.advance(12.0)
+    beat(shards, clock.monotonic(), 29, 0, {r: HANG if r == 3 else WAIT for r in range(4)}, since=12.0)
+    judge(a, shards, clock.monotonic())
+    [opened] = [Alert.from_json(o.value) for o in a.on_tick() if o.topic is Topic.ALERTS]
+    assert (opened.kind, opened.status) == ("hang", "open")
+
+    b = Handlers(S, clock, JobStage(S), EnvelopeEncoder("b", 2), DeadLetterCounter())
+    a.job_stage.revoke({0})
+    b.job_stage.assigning([0])
+    clock.advance(1.0)
+    beat(shards, clock.monotonic(), 29, 0, {r: HANG if r == 3 else WAIT for r in range(4)}, since=13.0)
+    judge(a, shards, clock.monotonic())
+    judge(b, shards, clock.monotonic())               # read while B still restores: not taken
+    assert a.on_tick() == [] and b.on_tick() == []
+    assert a.job_stage.monitors == {} and b.job_stage.monitors == {}
+    b.job_stage.restore(0, [opened])
+    clock.advance(1.0)
+    beat(shards, clock.monotonic(), 29, 0, {r: HANG if r == 3 else WAIT for r in range(4)}, since=14.0)
+    judge(b, shards, clock.monotonic())
+    assert b.on_tick() == []                           # the same incident, under the same id: nothing new
+    assert b.job_stage.monitors["j"].incidents["hang"]["alert_id"] == opened.alert_id
+
+
 def test_automatic_trace_windows_are_rate_limited_per_job():
     h, _, clock, _ = rig()
     [first] = h.auto_trace("j", clock.wall_ns() / 1e9)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rankscope.config import Settings
 from rankscope.stream_processors.monitor import JobMonitor
 from rankscope.stream_processors.shard_summary import ShardSummary
-from rankscope.stream_processors.stages import EnvelopeEncoder, ShardStage
+from rankscope.stream_processors.stages import RECOVERY_FACTOR, EnvelopeEncoder, ShardStage
 from rankscope.wire import Envelope, decode
 
 S = Settings(dead_after_s=10, hang_min_s=10, scan_interval_s=1.0)
@@ -100,15 +100,56 @@ def test_a_partition_whose_leader_is_down_is_judged_at_its_frontier_until_its_ra
     stage.mark_reachable({0}, T0 + 21)
     [down] = summaries(stage, now_s=T0 + 32)
     assert down.agg["frontier_ns"] == int((T0 + 20) * 1e9) and down.agg["silent"] == 0
-    # The new leader is up at T0 + 33; the ranks' producers need a moment to send what they held.
+    # The new leader is up at T0 + 33; the ranks' producers have not sent what they held yet.
     stage.mark_reachable(set(), T0 + 33)
-    [back] = summaries(stage, now_s=T0 + 33 + S.dead_after_s - 1)
-    assert back.agg["silent"] == 0
-    # Past the grace, the partition is judged at the wall clock again: ranks that still send nothing
-    # are silent, as in the caught-up case above.
-    stage.mark_reachable(set(), T0 + 60)
-    [later] = summaries(stage, now_s=T0 + 60)
-    assert later.agg["frontier_ns"] == int((T0 + 60) * 1e9) and later.agg["silent"] == 4
+    [back] = summaries(stage, now_s=T0 + 33 + 2 * S.dead_after_s)
+    assert back.agg["frontier_ns"] == int((T0 + 20) * 1e9) and back.agg["silent"] == 0
+    # Past RECOVERY_FACTOR x dead_after_s, the partition is judged at the wall clock again: ranks that
+    # still send nothing are silent, as in the caught-up case above.
+    end = T0 + 33 + RECOVERY_FACTOR * S.dead_after_s
+    stage.mark_reachable(set(), end)
+    [later] = summaries(stage, now_s=end)
+    assert later.agg["frontier_ns"] == int(end * 1e9) and later.agg["silent"] == 4
+
+
+def test_a_partition_back_from_an_outage_is_judged_at_the_wall_clock_once_its_ranks_delivered() -> None:
+    stage = ShardStage(S, EnvelopeEncoder("w", 1))
+    feed(stage, 0, [0, 1, 2, 3], until_s=T0 + 20)
+    stage.mark_reachable({0}, T0 + 21)
+    stage.mark_reachable(set(), T0 + 33)
+    # Ranks 0-2 deliver what they held and beat on; rank 3 died during the outage.
+    for t in range(21, 36):
+        for r in (0, 1, 2):
+            stage.ingest(0, beat(r, T0 + t, t), T0 + 34)
+    [waiting] = summaries(stage, now_s=T0 + 36)
+    assert waiting.agg["frontier_ns"] == int((T0 + 20) * 1e9) and waiting.agg["silent"] == 0
+    # Rank 3 never catches up: past the cap it is the one rank silent.
+    end = T0 + 33 + RECOVERY_FACTOR * S.dead_after_s + 1
+    for r in (0, 1, 2):
+        stage.ingest(0, beat(r, end, 99), end)
+    [judged] = summaries(stage, now_s=end)
+    assert judged.agg["frontier_ns"] == int(end * 1e9) and judged.agg["silent"] == 1
+    # All four delivered: the outage is over at once.
+    stage2 = ShardStage(S, EnvelopeEncoder("w", 1))
+    feed(stage2, 1, [0, 1, 2, 3], until_s=T0 + 20)
+    stage2.mark_reachable({1}, T0 + 21)
+    stage2.mark_reachable(set(), T0 + 33)
+    for r in (0, 1, 2, 3):
+        stage2.ingest(1, beat(r, T0 + 33.5, 40), T0 + 34)
+    [over] = summaries(stage2, now_s=T0 + 34)
+    assert over.agg["frontier_ns"] == int((T0 + 34) * 1e9) and over.agg["silent"] == 0
+
+
+def test_a_partition_rebuilt_during_an_outage_is_judged_at_what_was_rebuilt() -> None:
+    # The broker lost was also the group coordinator: the partitions are assigned again while
+    # partition 0 has no leader, and rebuilt from its recent input.
+    source = ShardStage(S, EnvelopeEncoder("w", 1))
+    feed(source, 0, [0, 1, 2, 3], until_s=T0 + 20)
+    stage = ShardStage(S, EnvelopeEncoder("w2", 2))
+    stage.install(source.shards.values())
+    stage.mark_reachable({0}, T0 + 25)
+    [down] = summaries(stage, now_s=T0 + 40)
+    assert down.agg["frontier_ns"] == int((T0 + 20) * 1e9) and down.agg["silent"] == 0
 
 
 def test_partitions_whose_leader_is_not_connected_are_read_from_the_consumer_statistics() -> None:
