@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from rankscope.collective_records import MAX_GROUPS, MAX_OPS, MAX_RECORDS, op_label
+from rankscope.protocol.collectives import MAX_GROUPS, MAX_OPS, MAX_RECORDS, op_label
 
 log = logging.getLogger("rankscope.collectives")
 

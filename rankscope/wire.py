@@ -25,7 +25,7 @@ from typing import Any
 
 import msgpack
 
-from rankscope import collective_records
+from rankscope.protocol import collectives
 from rankscope.protocol import profile as _profile
 from rankscope.wire_error import WireError
 
@@ -66,7 +66,7 @@ BODY_SCHEMAS: dict[str, dict[str, tuple[type, ...]]] = {
                   "local_rank": _INT, "stacks": _OPT_LIST},
     # v2: step records (columnar, as in "steps") and the heartbeat fields ("hb_step" is the
     # heartbeat's "step") in one message per rank per heartbeat period; optional "coll": the rank's
-    # collectives since its last beat (rankscope/collective_records.py).
+    # collectives since its last beat (rankscope/protocol/collectives.py).
     "beat": {"step": _LIST, "start_ns": _LIST, "end_ns": _LIST, "comm_ns": _LIST, "hb_step": _INT,
              "since_step_s": _NUM, "dropped": _INT, "world_size": _INT, "local_rank": _INT,
              "stacks": _OPT_LIST},
@@ -186,7 +186,7 @@ def _fast_coll(b: dict[str, Any]) -> bool:
     if coll is None:
         return True
     try:
-        collective_records.validate(coll)
+        collectives.validate(coll)
     except WireError:
         return False     # the full checks reject it with the reason
     return True
@@ -251,7 +251,7 @@ def _validate_body(kind: str, body: dict[str, Any]) -> None:
             if not all(isinstance(x, int) and not isinstance(x, bool) for x in col):
                 raise WireError("bad_body", f"{kind}.{c} holds a non-integer")
     if kind == "beat" and body.get("coll") is not None:
-        collective_records.validate(body["coll"])
+        collectives.validate(body["coll"])
     if kind in ("heartbeat", "beat") and body["stacks"] is not None:
         for s in body["stacks"]:
             if not (isinstance(s, dict) and isinstance(s.get("thread"), str) and isinstance(s.get("frames"), list)):

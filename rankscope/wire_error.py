@@ -1,5 +1,5 @@
 """The error every decoder of the wire raises (rankscope/wire.py re-exports it): its own module, so
-that the validators wire.py calls (rankscope/collective_records.py) raise it without importing
+that the validators wire.py calls (rankscope/protocol/collectives.py) raise it without importing
 wire.py back."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Who reached each collective last, who never reached it, and whose collective differs.
 
-The device's view of a job (rankscope/collective_records.py): each rank's collectives by process
+The device's view of a job (rankscope/protocol/collectives.py): each rank's collectives by process
 group and sequence number. Unlike the host-side step records, it holds where collectives do not
 block the thread that issues them (NCCL on GPUs): a slow device reaches every collective late, a
 stopped device never reaches the one its peers wait in, whatever the training threads do.
@@ -28,8 +28,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankscope.collective_records import lateness, records
 from rankscope.last_arrivals import Step
+from rankscope.protocol.collectives import lateness, records
 from rankscope.wire import Envelope, WireError
 
 COLL_ROWS = 128            # passed collectives per group per shard summary (~5 KB)

@@ -10,8 +10,8 @@ import subprocess
 import sys
 import textwrap
 
-from rankscope.collective_records import MAX_RECORDS, validate
 from rankscope.producers.collective_log import CollectiveLog, enable_recorder, merge, merge_dumps
+from rankscope.protocol.collectives import MAX_RECORDS, validate
 from tests.fr_dumps import ModelledJob
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import msgpack
 
-from rankscope.collective_records import validate
 from rankscope.producers.collective_log import CollectiveLog
+from rankscope.protocol.collectives import validate
 from rankscope.wire import decode
 
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "gpu_check_h200_torch211"

@@ -1,10 +1,10 @@
-"""A beat's collective records at the decoding boundary (rankscope/collective_records.py)."""
+"""A beat's collective records at the decoding boundary (rankscope/protocol/collectives.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rankscope.collective_records import MAX_RECORDS, lateness, op_label, records, validate
+from rankscope.protocol.collectives import MAX_RECORDS, lateness, op_label, records, validate
 from rankscope.wire import Envelope, WireError, decode, encode
 
 GROUP = {"pg": "0", "size": 4, "seq": [7, 8], "op": [0, 1], "reach_ns": [100, 200], "dur_ns": [-1, 5],
