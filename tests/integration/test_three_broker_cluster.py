@@ -1,6 +1,6 @@
 """A broker lost mid-job on a three-node KRaft cluster loses no step and no alert.
 
-Three nodes from the project's own start-up (rankscope/broker.py LocalCluster: each node a combined
+Three nodes from the project's own start-up (rankscope/broker_cluster.py LocalCluster: each node a combined
 broker + controller, one quorum, one cluster id), topics at replication 3 and min.insync.replicas 2.
 A real torchrun job sends its steps; real `rankscope processors` and a real sink (a thread writing
 chDB) consume them. Mid-job the node that leads the steps partitions of most of the job's ranks is
@@ -28,7 +28,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import ConfigResource, ResourceType
 
 from rankscope.admin import admin_client, ensure_topics
-from rankscope.broker import LocalCluster
+from rankscope.broker_cluster import LocalCluster
 from rankscope.config import Settings
 from rankscope.topics import Topic, all_topic_names
 from rankscope.wire import rank_key

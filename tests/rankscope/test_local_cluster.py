@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.broker import CLUSTER_JVM_OPTS, BrokerError, LocalBroker, LocalCluster
+from rankscope.broker import BrokerError, LocalBroker
+from rankscope.broker_cluster import CLUSTER_JVM_OPTS, LocalCluster
 from rankscope.config import Settings
 
 
