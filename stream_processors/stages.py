@@ -126,12 +126,10 @@ class ShardStage:
         """The time up to which ``partition`` has been read: ``now_s`` when caught up, else the
         newest send time read from it; while its leader is down, and after until its ranks caught
         up, the newest send time read before that."""
-        if partition in self.outage_from_s:
-            if partition in self.unreachable or (self.recovering_until_s.get(partition, 0.0) > now_s
-                                                 and not self._caught_up(partition)):
-                return min(now_s, self.outage_from_s[partition])
-            self.recovering_until_s.pop(partition, None)
-            del self.outage_from_s[partition]
+        if partition in self.outage_from_s and (
+                partition in self.unreachable
+                or (self.recovering_until_s.get(partition, 0.0) > now_s and not self._caught_up(partition))):
+            return min(now_s, self.outage_from_s[partition])
         if partition in self.behind and partition in self.newest_sent_ns:
             return min(now_s, self.newest_sent_ns[partition] / 1e9)
         return now_s
@@ -194,13 +192,11 @@ class JobStage:
         self.partition_of[job] = partition
         return mon
 
-    def ingest(self, partition: int, env: Envelope) -> bool:
-        """Keep one shard summary (raises WireError when its body is invalid); False when its
-        partition is not this worker's now."""
-        if partition in self.closed:
-            return False
-        self.monitor(env.job, partition).add_summary(ShardSummary.from_body(env.body))
-        return True
+    def ingest(self, partition: int, env: Envelope) -> None:
+        """Keep one shard summary (raises WireError when its body is invalid), unless its partition
+        is closed now."""
+        if partition not in self.closed:
+            self.monitor(env.job, partition).add_summary(ShardSummary.from_body(env.body))
 
     def assigning(self, partitions: Iterable[int]) -> None:
         """Newly assigned partitions: their summaries wait until :meth:`restore` took their incidents."""
