@@ -165,6 +165,8 @@ class Settings:
                      "job_idle_s", "hw_send_s", "coll_read_s", "profile_s", "dashboard_session_h"]:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds/factor, got {getattr(self, name)!r}")
+        if self.profile_s > 3600:
+            raise ConfigError(f"profile_s must be at most 3600 seconds, got {self.profile_s!r}")
         if self.dashboard_session_h > 87600:
             raise ConfigError(f"dashboard_session_h must be at most 87600 (ten years), got {self.dashboard_session_h!r}")
         if self.producer_compression not in PRODUCER_COMPRESSIONS:

@@ -14,11 +14,12 @@ from rankscope.storage.store import Store
 
 ROW_COLUMNS = ["rank", "role", "path", "samples", "hz"]
 MAX_ROWS = 200_000
+MAX_INTERVAL_NS = 3600 * 10**9   # a profile interval longer than this (profile_s) is not found by its end
 
 
 def profile_rows(store: Store, job: str, ranks: list[int] | None = None, t0_ns: int = 0, t1_ns: int = 0,
                  roles: list[str] | None = None, hosts: list[str] | None = None) -> pd.DataFrame:
-    """Samples per (rank, role, call path) of ``job`` in the intervals that start in [t0_ns, t1_ns)
+    """Samples per (rank, role, call path) of ``job`` in the intervals that overlap [t0_ns, t1_ns)
     (0: open), summed over intervals: :data:`ROW_COLUMNS`."""
     where, params = _where(job, ranks, t0_ns, t1_ns, roles, hosts)
     sql = f"""
@@ -37,7 +38,9 @@ def _where(job: str, ranks: list[int] | None, t0_ns: int, t1_ns: int, roles: lis
     filters = (("rank IN {ranks:Array(Int32)}", "ranks", None if ranks is None else list(ranks)),
                ("role IN {roles:Array(String)}", "roles", list(roles) if roles else None),
                ("host IN {hosts:Array(String)}", "hosts", list(hosts) if hosts else None),
-               ("ts_ns >= {t0:Int64}", "t0", int(t0_ns) or None),
+               # An interval that overlaps [t0, t1); the bound on its start prunes the day partitions.
+               (f"ts_ns > {{t0:Int64}} - {MAX_INTERVAL_NS} AND ts_ns + interval_ns > {{t0:Int64}}", "t0",
+                int(t0_ns) or None),
                ("ts_ns < {t1:Int64}", "t1", int(t1_ns) or None))
     for condition, name, value in filters:
         if value is not None:
@@ -48,7 +51,7 @@ def _where(job: str, ranks: list[int] | None, t0_ns: int, t1_ns: int, roles: lis
 
 def path_seconds(store: Store, job: str, t0_ns: int = 0, t1_ns: int = 0, roles: list[str] | None = None,
                  hosts: list[str] | None = None) -> pd.DataFrame:
-    """Self seconds per call path over every rank (and role) of ``job`` in the intervals that start in
+    """Self seconds per call path over every rank (and role) of ``job`` in the intervals that overlap
     [t0_ns, t1_ns): path, seconds; the samples that left the messages as ``(other)``. Summed in the
     store, so a job of 10,000 ranks returns its few dozen paths, not its ranks' rows."""
     where, params = _where(job, None, t0_ns, t1_ns, roles, hosts)
@@ -76,7 +79,7 @@ def _path_texts(store: Store, job: str, first_rank: dict[int, int]) -> dict[int,
 
 def rank_path_seconds(store: Store, job: str, t0_ns: int = 0, t1_ns: int = 0, roles: list[str] | None = None,
                       hosts: list[str] | None = None, ranks: list[int] | None = None) -> pd.DataFrame:
-    """Self seconds per (rank, call path) of ``job`` (roles summed) in the intervals that start in
+    """Self seconds per (rank, call path) of ``job`` (roles summed) in the intervals that overlap
     [t0_ns, t1_ns): rank, path, seconds, by rank; the samples that left the messages as ``(other)``.
     ``path`` is a categorical: the store sends each row's path as its hash and each distinct path's
     text once, so 10,000 ranks' rows do not carry their call paths' text."""

@@ -363,6 +363,18 @@ def test_profile_rows_filter_by_rank_role_host_and_time(store, now):
     rows = q.profile_rows(store, sd.HANG_JOB, ranks=[1], roles=["training"], hosts=["node-a"])
     assert set(rows["rank"]) == {1} and set(rows["role"]) == {"training"}
     assert q.profile_rows(store, sd.HANG_JOB, hosts=["node-b"])["rank"].isin([2, 3]).all()
-    assert q.profile_rows(store, sd.HANG_JOB, t0_ns=now).empty               # every interval started before
+    assert q.profile_rows(store, sd.HANG_JOB, t0_ns=now).empty               # every interval ended by then
+    # An interval that started before t0 and ends after it is in the range (a link from an alert
+    # opened mid-interval finds the samples of that interval).
+    assert not q.profile_rows(store, sd.HANG_JOB, t0_ns=now - 5 * sd.S).empty
     assert not q.profile_rows(store, sd.HANG_JOB, t0_ns=now - 15 * sd.S, t1_ns=now).empty
     assert q.profile_rows(store, sd.HANG_JOB, roles=["dataloader"]).empty
+
+
+def test_profile_intervals_are_bounded_as_the_range_filter_assumes():
+    from rankscope.config import ConfigError, Settings
+    from storage.profiles import MAX_INTERVAL_NS
+
+    assert Settings(profile_s=MAX_INTERVAL_NS / 1e9).profile_s == 3600
+    with pytest.raises(ConfigError, match="profile_s must be at most 3600"):
+        Settings(profile_s=3601)
