@@ -373,7 +373,7 @@ def test_profile_rows_filter_by_rank_role_host_and_time(store, now):
 
 def test_profile_intervals_are_bounded_as_the_range_filter_assumes():
     from rankscope.config import ConfigError, Settings
-    from storage.profiles import MAX_INTERVAL_NS
+    from rankscope.storage.profiles import MAX_INTERVAL_NS
 
     assert Settings(profile_s=MAX_INTERVAL_NS / 1e9).profile_s == 3600
     with pytest.raises(ConfigError, match="profile_s must be at most 3600"):
