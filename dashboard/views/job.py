@@ -54,29 +54,42 @@ def ranks_table(ranks: pd.DataFrame) -> None:
         st.caption((f"The {other:,} rank{'s' if other != 1 else ''} not running come first, most severe first"
                     + (f"; then the {normal:,} running ones by rank" if normal else "") if other
                     else f"All {normal:,} ranks running, by rank") + ". Click a column to sort by it.")
-    view = pd.DataFrame({
-        "rank": ranks["rank"].astype(str),
-        "state": ranks["state"].map(lambda s: ui.STATE_BADGE.get(s, s)),
-        "host": ranks["host"],
-        "pid": ranks["pid"].astype(str),
-        "last step": ranks["last_step"].astype(str),
-        "step ms (median)": ranks["median_step_ms"].map("{:.1f}".format),
-        "busy ms (median)": ranks["median_busy_ms"].map("{:.1f}".format),
-        "busy z": ranks["busy_z"].map(lambda z: "" if pd.isna(z) else f"{z:+.1f}"),
-        "heartbeat": ranks["heartbeat_age_s"].map(ui.ago),
-        "alerts": ranks["alerts"],
+    if len(ranks) <= TABLE_MAX_RANKS:
+        st.table(pd.DataFrame({
+            "rank": ranks["rank"].astype(str),
+            "state": ranks["state"].map(lambda s: ui.STATE_BADGE.get(s, s)),
+            "host": ranks["host"],
+            "pid": ranks["pid"].astype(str),
+            "last step": ranks["last_step"].astype(str),
+            "step ms (median)": ranks["median_step_ms"].map("{:.1f}".format),
+            "busy ms (median)": ranks["median_busy_ms"].map("{:.1f}".format),
+            "busy z": ranks["busy_z"].map(lambda z: "" if pd.isna(z) else f"{z:+.1f}"),
+            "heartbeat": ranks["heartbeat_age_s"].map(ui.ago),
+            "alerts": ranks["alerts"],
+            "exit": (ranks["exit_reason"] + " " + ranks["exit_detail"]).str.strip(),
+        }), hide_index=True)
+        return
+    # The data grid gets numbers and formats them itself: a column sorts by value, and the browser
+    # receives a third of the bytes that pre-formatted strings take (10,000 ranks: ~0.5 MB).
+    grid = pd.DataFrame({
+        "rank": ranks["rank"], "state": ranks["state"], "host": ranks["host"], "pid": ranks["pid"],
+        "last step": ranks["last_step"], "step ms (median)": ranks["median_step_ms"],
+        "busy ms (median)": ranks["median_busy_ms"], "busy z": ranks["busy_z"],
+        "heartbeat s ago": ranks["heartbeat_age_s"], "alerts": ranks["alerts"],
         "exit": (ranks["exit_reason"] + " " + ranks["exit_detail"]).str.strip(),
     })
-    if len(ranks) <= TABLE_MAX_RANKS:
-        st.table(view, hide_index=True)
-        return
-    plain = view.assign(state=ranks["state"].to_numpy())
+    config = {"rank": st.column_config.NumberColumn(format="%d"), "pid": st.column_config.NumberColumn(format="%d"),
+              "last step": st.column_config.NumberColumn(format="%d"),
+              "step ms (median)": st.column_config.NumberColumn(format="%.1f"),
+              "busy ms (median)": st.column_config.NumberColumn(format="%.1f"),
+              "busy z": st.column_config.NumberColumn(format="%+.1f"),
+              "heartbeat s ago": st.column_config.NumberColumn(format="%.0f")}
     if len(ranks) > STYLED_MAX_RANKS:
-        st.dataframe(plain, hide_index=True, height=420)
+        st.dataframe(grid, hide_index=True, height=420, column_config=config)
         return
     colours = ranks["state"].map(ui.STATE_COLOUR).fillna("").tolist()
-    styled = plain.style.apply(lambda _c: [f"background-color: {c}" for c in colours], subset=["state"])
-    st.dataframe(styled, hide_index=True, height=420)
+    styled = grid.style.apply(lambda _c: [f"background-color: {c}" for c in colours], subset=["state"])
+    st.dataframe(styled, hide_index=True, height=420, column_config=config)
 
 
 def step_charts(cfg: Settings, job: str, world: int) -> None:
@@ -143,7 +156,7 @@ def flight_panel(cfg: Settings, job: str) -> None:
             main = [t for t in row.stacks if isinstance(t, dict) and t.get("thread") == "MainThread"]
             if main:
                 st.markdown(f"**Rank {row.rank}**, main thread at its last dump")
-                st.code("\n".join(str(f) for f in main[0].get("frames", [])), language=None)
+                st.markdown(ui.stack_markdown([str(f) for f in main[0].get("frames", [])]))
 
 
 def panel(cfg: Settings, job: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from streamlit.testing.v1 import AppTest
 
@@ -21,9 +22,14 @@ def open_page(page: str | None = None, **query: str) -> AppTest:
 
 def page_text(at: AppTest) -> str:
     """Every text a reader sees: markdown, code, captions, notices, metrics, tables, page links."""
-    parts = [m.value for m in at.markdown] + [c.value for c in at.code] + [m.value for m in at.caption]
+    parts = [m.value for m in at.markdown] + [m.value for m in at.caption]
     parts += [e.value for e in at.info] + [e.value for e in at.warning] + [e.value for e in at.error]
     parts += [str(m.label) + " " + str(m.value) for m in at.metric]
     parts += [t.value.to_string() for t in at.table]
     parts += [str(p.proto.label) for p in at.get("page_link")]
     return "\n".join(str(p) for p in parts)
+
+
+def stacks(at: Any) -> list[str]:
+    """The stacks a page shows (rankscope.dashboard.ui.stack_markdown: one code span per frame)."""
+    return [m.value for m in at.markdown if m.value.startswith("`` ")]
