@@ -44,6 +44,7 @@ import psutil
 from benchmarks._stack import env_for, local_stack
 from rankscope.admin import admin_client, ensure_topics
 from rankscope.config import Settings
+from rankscope.consuming import one_off_group, open_consumer
 from rankscope.stream_processors.app import app_id
 from rankscope.topics import Topic
 
@@ -56,10 +57,10 @@ FROM_FRAC, TO_FRAC = 0.2, 0.9
 
 
 def end_offsets(settings: Settings, kind: Topic = Topic.STEPS) -> dict[int, int]:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
     topic = kind.name_for(settings)
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"capacity-{uuid.uuid4().hex[:6]}"})
+    c = open_consumer(settings, one_off_group("capacity"))
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}

@@ -41,6 +41,7 @@ from confluent_kafka import Consumer
 
 from benchmarks._stack import env_for, free_port, local_stack
 from rankscope.alerts import Alert
+from rankscope.consuming import one_off_group, open_consumer
 from rankscope.topics import Topic
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "tests" / "integration" / "scripts"
@@ -205,8 +206,7 @@ def run(repeats: int = REPEATS, platforms: tuple[str, ...] = ("cpu", "gpu"), fau
     rows, detail = [], {}
     with local_stack() as settings:
         def consumer(topic: Topic) -> Consumer:
-            c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                          "auto.offset.reset": "earliest"})
+            c = open_consumer(settings, one_off_group("bench"), {"auto.offset.reset": "earliest"})
             c.subscribe([topic.name_for(settings)])
             return c
 

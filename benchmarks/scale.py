@@ -59,6 +59,7 @@ from rankscope.admin import admin_client, ensure_topics
 from rankscope.alerts import Alert
 from rankscope.broker import LocalBroker
 from rankscope.config import Settings
+from rankscope.consuming import one_off_group, open_consumer
 from rankscope.stream_processors.app import app_id
 from rankscope.topics import Topic
 
@@ -167,15 +168,13 @@ class LagSampler(threading.Thread):
 
     def __init__(self, settings: Settings, targets: dict[str, tuple[str, str]]) -> None:
         super().__init__(name="scale-lag", daemon=True)
-        from confluent_kafka import Consumer
-
-        base = {"bootstrap.servers": settings.bootstrap, "enable.auto.commit": False}
+        base = {"enable.auto.commit": False}
         self.targets = targets
-        self.meta = {label: Consumer({**base, "group.id": gid}) for label, (gid, _) in targets.items()}
+        self.meta = {label: open_consumer(settings, gid, base) for label, (gid, _) in targets.items()}
         # Small fetches and prefetch: only the first message at each offset is wanted.
-        self.reader = Consumer({**base, "group.id": f"scale-lag-{uuid.uuid4().hex[:8]}", "fetch.wait.max.ms": 10,
-                                "auto.offset.reset": "earliest", "max.partition.fetch.bytes": 65536,
-                                "queued.max.messages.kbytes": 2048})
+        self.reader = open_consumer(settings, one_off_group("scale-lag"), {
+            **base, "fetch.wait.max.ms": 10, "auto.offset.reset": "earliest", "max.partition.fetch.bytes": 65536,
+            "queued.max.messages.kbytes": 2048})
         self.partitions = {t: sorted(self.reader.list_topics(t, timeout=30).topics[t].partitions)
                            for t in {t for _, t in targets.values()}}
         self.samples: dict[str, list[tuple[float, int, float]]] = {label: [] for label in targets}  # (t, p, lag s)
@@ -298,11 +297,11 @@ class LagSampler(threading.Thread):
 class AlertReader(threading.Thread):
     def __init__(self, settings: Settings) -> None:
         super().__init__(name="scale-alerts", daemon=True)
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
         topic = Topic.ALERTS.name_for(settings)
-        self.consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"scale-{uuid.uuid4().hex[:8]}",
-                                  "enable.auto.commit": False, "fetch.wait.max.ms": 50})
+        self.consumer = open_consumer(settings, one_off_group("scale"), {"enable.auto.commit": False,
+                                                                          "fetch.wait.max.ms": 50})
         parts = self.consumer.list_topics(topic, timeout=30).topics[topic].partitions
         self.consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         self.alerts: list[tuple[int, Alert]] = []

@@ -16,7 +16,8 @@ from typing import Any
 
 import msgpack
 
-from rankscope.kafka_client import FirstFailureOnly, auth_error_cb, failure_kind
+from rankscope.consuming import open_consumer
+from rankscope.kafka_client import FirstFailureOnly, failure_kind
 from rankscope.producers.untraced import leave_profiler
 from rankscope.protocol.trace import CommandError
 from rankscope.wire import WireError, decode
@@ -82,17 +83,14 @@ class ControlListener:
             self._thread.join(timeout_s)
 
     def _make_consumer(self) -> Any:
-        from confluent_kafka import Consumer
-
         # A long poll: the broker answers a fetch as soon as a command arrives, so waiting up to 5 s
         # (librdkafka's default is 0.5 s) costs no latency and cuts an idle rank's fetch requests
         # from 2/s to 0.2/s (thousands of ranks poll one control topic).
         base: dict[str, Any] = ({"bootstrap.servers": self._bootstrap} if isinstance(self._bootstrap, str)
                                 else dict(self._bootstrap))
-        base["error_cb"] = auth_error_cb(base, self._on_error)
-        c = Consumer({**base, "group.id": f"rankscope-rank-{self.job}-{self.rank}",
-                      "enable.auto.commit": False, "auto.offset.reset": "latest", "fetch.wait.max.ms": 5000,
-                      "logger": _librdkafka_log, "log_level": 3})
+        c = open_consumer(base, f"rankscope-rank-{self.job}-{self.rank}",
+                          {"enable.auto.commit": False, "auto.offset.reset": "latest", "fetch.wait.max.ms": 5000,
+                           "logger": _librdkafka_log, "log_level": 3}, fatal=False, on_error=self._on_error)
         for attempt in range(20):  # 10 s in all; a rejected login ends the wait at once
             try:
                 md = c.list_topics(self.topic, timeout=0.5)

@@ -8,11 +8,11 @@ of the stats topic (each rank's latest step, step time and state), :func:`open_r
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from rankscope.config import Settings
+from rankscope.consuming import one_off_group, open_consumer
 from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 from rankscope.wire import Envelope, WireError, decode
@@ -26,11 +26,10 @@ def known_ranks(settings: Settings, job: str, timeout_s: float = 5.0) -> dict[st
 def latest_stats(settings: Settings, timeout_s: float = 5.0) -> dict[str, list[dict[str, Any]]]:
     """Per job, the latest stats row of each rank (tail of the stats topic; a job's ranks arrive in
     messages from several shards)."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import KafkaException, TopicPartition
 
     topic = Topic.STATS.name_for(settings)
-    c = Consumer({**client_conf(settings, fatal=True), "group.id": f"rankscope-cli-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False})
+    c = open_consumer(settings, one_off_group("cli"), {"enable.auto.commit": False})
     latest: dict[str, dict[int, dict[str, Any]]] = {}
     jobs: dict[str, list[dict[str, Any]]] = {}
     try:
@@ -78,11 +77,12 @@ def open_replies_reader(settings: Settings, group_id: str, timeout_s: float = 10
     """A consumer at the end of every partition of the replies topic, assigned before a request goes
     out so that no ack is missed (the CLI's and the dashboard's). Raises RuntimeError naming the fix
     when the topic is missing (a cluster set up before it existed)."""
-    from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_END, TopicPartition
 
     replies = Topic.REPLIES.name_for(settings)
-    consumer = (consumer_factory or Consumer)({**client_conf(settings, fatal=True), "group.id": group_id,
-                                               "enable.auto.commit": False})
+    conf = {"enable.auto.commit": False}
+    consumer = (consumer_factory({**client_conf(settings, fatal=True), "group.id": group_id, **conf})
+                if consumer_factory is not None else open_consumer(settings, group_id, conf))
     try:
         meta = consumer.list_topics(replies, timeout=timeout_s).topics.get(replies)
         if meta is None or meta.error is not None or not meta.partitions:

@@ -40,7 +40,8 @@ from typing import Any
 
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
-from rankscope.deadletter import DeadLetter, DeadLetterCounter
+from rankscope.consuming import DeadLetters, data_or_skip, open_consumer, rewind
+from rankscope.deadletter import DeadLetterCounter
 from rankscope.kafka_client import client_conf
 from rankscope.metrics import process_metrics
 from rankscope.storage.columns import ARROW_TYPES, JOB_COLUMNS, RANK_COLUMNS, TABLE_ORDER, InvalidMessage
@@ -99,9 +100,8 @@ class RetryPolicy:
 
 
 def consumer_config(settings: Settings) -> dict[str, Any]:
+    """The sink consumer's own settings (over the client settings of :func:`open_consumer`)."""
     return {
-        **client_conf(settings, fatal=True),
-        "group.id": settings.sink_group,
         "client.id": "rankscope-sink",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -143,9 +143,7 @@ class Sink:
         self._kind_by_name = {name: t for t, name in self.topics.items()}
         self._deadletter_topic = Topic.DEADLETTER.name_for(settings)
         if consumer is None:
-            from confluent_kafka import Consumer
-
-            consumer = Consumer(consumer_config(settings))
+            consumer = open_consumer(settings, settings.sink_group, consumer_config(settings))
         if producer is None:
             from confluent_kafka import Producer
 
@@ -169,6 +167,8 @@ class Sink:
         self._last_commit: dict[str, Any] = {}
         self._assignment: list[str] = []
         self._dlq_failures = 0
+        self._dead_letters = DeadLetters(self._producer, self._deadletter_topic, STAGE, self.dead_letters,
+                                         clock, self.metrics, on_delivery=self._on_dlq_delivery)
 
     # Public interface ---------------------------------------------------------------------------
     def run(self, stop: threading.Event, poll_timeout_s: float = 0.1) -> None:
@@ -198,9 +198,9 @@ class Sink:
         for i, msg in enumerate(msgs):
             if self._pending is not None:
                 # A full batch failed to write mid-call: rewind the rest so that nothing is skipped.
-                self._rewind(msgs[i:])
+                rewind(self._consumer, msgs[i:])
                 break
-            if self._handle_error(msg):
+            if not data_or_skip(msg, STAGE, self._count):
                 continue
             self._add(msg)
             taken += 1
@@ -252,20 +252,6 @@ class Sink:
             log.exception("sink: closing the consumer failed")
 
     # Consuming ----------------------------------------------------------------------------------
-    def _handle_error(self, msg: Any) -> bool:
-        err = msg.error()
-        if err is None:
-            return False
-        from confluent_kafka import KafkaError, KafkaException
-
-        if err.code() == KafkaError._PARTITION_EOF:
-            return True
-        if err.fatal():
-            raise KafkaException(err)
-        self._count("consumer_errors")
-        log.warning("sink: consumer error: %s", err)
-        return True
-
     def _add(self, msg: Any) -> None:
         if self._batch is None:
             self._batch = Batch(started_at=self.clock.monotonic())
@@ -277,24 +263,8 @@ class Sink:
         try:
             self.rows.add(self._kind_by_name.get(topic), value, batch)
         except InvalidMessage as e:
-            self._dead_letter(topic, partition, offset, e.reason, e.detail, value)
+            self._dead_letters.send(topic, partition, offset, e.reason, e.detail, value)
             batch.dead_letters += 1
-
-    def _dead_letter(self, topic: str, partition: int, offset: int, reason: str, detail: str,
-                     payload: bytes | None) -> None:
-        self.dead_letters.add(STAGE, reason)
-        self.metrics.dead_letter(STAGE, reason)
-        dl = DeadLetter.make(ts_ns=self.clock.wall_ns(), source_topic=topic, partition=partition, offset=offset,
-                             stage=STAGE, reason=reason, detail=detail, payload=payload)
-        log.debug("sink: dead letter %s[%d]@%d: %s %s", topic, partition, offset, reason, detail)
-        while True:
-            try:
-                self._producer.produce(self._deadletter_topic, key=topic.encode(), value=dl.to_json(),
-                                       on_delivery=self._on_dlq_delivery)
-                break
-            except BufferError:   # local queue full: serve delivery reports and try again
-                self._producer.poll(0.1)
-        self._producer.poll(0)
 
     def _on_dlq_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -433,17 +403,6 @@ class Sink:
             from confluent_kafka import TopicPartition
 
             self._consumer.seek(TopicPartition(msg.topic(), msg.partition(), msg.offset()))
-
-    def _rewind(self, msgs: list[Any]) -> None:
-        from confluent_kafka import TopicPartition
-
-        first: dict[tuple[str, int], int] = {}
-        for m in msgs:
-            if m.error() is None:
-                key = (m.topic(), m.partition())
-                first[key] = min(first.get(key, m.offset()), m.offset())
-        for (topic, partition), offset in first.items():
-            self._consumer.seek(TopicPartition(topic, partition, offset))
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         log.info("sink: assigned %s", [(p.topic, p.partition) for p in partitions])

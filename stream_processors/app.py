@@ -1,6 +1,6 @@
 """The faust-streaming worker: two stages over Kafka, reports, dead letters.
 
-- stage one, :class:`~rankscope.stream_processors.shard_consumer.ShardConsumer` (steps topic, key = job/rank from v2
+- stage one, :class:`~rankscope.stream_processors.shard_loop.ShardLoop` (steps topic, key = job/rank from v2
   ranks, job from v1 ranks): a consumer thread of its own group folds batches into the shard
   state of the partitions this worker owns and publishes the shard summaries and statistics
   every scan interval. Undecodable input becomes a dead letter with its reason and a counter.
@@ -35,7 +35,7 @@ from rankscope.kafka_client import faust_auth
 from rankscope.metrics import process_metrics, start_metrics
 from rankscope.stream_processors.handlers import Handlers, Out, Source
 from rankscope.stream_processors.rebuild import open_incidents
-from rankscope.stream_processors.shard_consumer import ShardConsumer
+from rankscope.stream_processors.shard_loop import ShardLoop
 from rankscope.stream_processors.stages import EnvelopeEncoder, JobStage
 from rankscope.topics import Topic
 
@@ -71,12 +71,12 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
     envelopes = EnvelopeEncoder(socket.gethostname(), os.getpid())
     counter = DeadLetterCounter()
     metrics = process_metrics()
-    shard_consumer = ShardConsumer(settings, f"{app_id(settings)}-shards", clock, counter, envelopes)
+    shard_loop = ShardLoop(settings, f"{app_id(settings)}-shards", clock, counter, envelopes)
     job_stage = JobStage(settings)
     handlers = Handlers(settings, clock, job_stage, envelopes, counter,
                         on_dead_letter=lambda reason: metrics.dead_letter("processors", reason))
     app.rankscope_deadletters = counter  # type: ignore[attr-defined]
-    app.rankscope_stages = (shard_consumer, job_stage)  # type: ignore[attr-defined]
+    app.rankscope_stages = (shard_loop, job_stage)  # type: ignore[attr-defined]
 
     async def send(outs: list[Out]) -> None:
         for o in outs:
@@ -109,8 +109,8 @@ def build_app(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> faust.App:
 
     # Stage one: fold, on its own thread ---------------------------------------------------------
     @app.task
-    async def start_shard_consumer() -> None:
-        shard_consumer.start()
+    async def start_shard_loop() -> None:
+        shard_loop.start()
 
     # Stage two: judge ---------------------------------------------------------------------------
     @app.agent(topics[Topic.SHARDS], concurrency=1)

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Iterator
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from rankscope.alerts import Alert
 from rankscope.config import Settings
-from rankscope.kafka_client import client_conf
+from rankscope.consuming import one_off_group, open_consumer
 from rankscope.stream_processors.shard import ShardJob
 from rankscope.topics import Topic
 from rankscope.wire import WireError, decode
@@ -34,7 +33,7 @@ def read_since(settings: Settings, topic: str, partitions: list[int], since_ms: 
     end each partition had when the call began."""
     if not partitions:
         return
-    consumer = Consumer({**client_conf(settings, fatal=True), "group.id": f"rankscope-rebuild-{uuid.uuid4().hex}",
+    consumer = open_consumer(settings, one_off_group("rebuild"), {
                          "enable.auto.commit": False, "enable.partition.eof": False,
                          "fetch.max.bytes": 16 * 1024 * 1024, "logger": log, "log_level": 3})
     try:

@@ -15,14 +15,13 @@ import sys
 import threading
 import time
 import urllib.parse
-import uuid
 from datetime import UTC, datetime
 
 from rankscope.alerts import Alert
 from rankscope.commands.webhook_delivery import RetryPolicy, url_for_logs
 from rankscope.commands.webhook_formats import FORMATS
 from rankscope.config import Settings
-from rankscope.kafka_client import client_conf
+from rankscope.consuming import one_off_group, open_consumer
 from rankscope.topics import Topic
 
 log = logging.getLogger("rankscope.alerts")
@@ -67,10 +66,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.format or args.group:
         print("rankscope alerts: --format and --group go with --webhook", file=sys.stderr)
         return 2
-    from confluent_kafka import Consumer
-
-    consumer = Consumer({**client_conf(settings, fatal=True), "group.id": f"rankscope-alerts-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = open_consumer(settings, one_off_group("alerts"), {"auto.offset.reset": "earliest",
+                                                                 "enable.auto.commit": False})
     consumer.subscribe([Topic.ALERTS.name_for(settings)])
     idle_since = time.monotonic()
     try:
@@ -97,8 +94,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     """Forward the alerts topic to ``args.webhook`` until SIGTERM or SIGINT; 2 on bad flags."""
-    from confluent_kafka import Consumer
-
     from rankscope.commands.webhook_forwarder import Forwarder, forward
 
     if urllib.parse.urlsplit(args.webhook).scheme not in ("http", "https"):
@@ -116,8 +111,8 @@ def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     forwarder = Forwarder(args.webhook, FORMATS[fmt], policy, job=args.job, max_age_s=args.max_age, wait=stop.wait)
     # A delivery blocks the poll loop; the group must not count the consumer as gone meanwhile.
     poll_interval_ms = max(300_000, int(policy.worst_case_s() * 2000))
-    consumer = Consumer({**client_conf(settings, fatal=True), "group.id": group, "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False, "max.poll.interval.ms": poll_interval_ms})
+    consumer = open_consumer(settings, group, {"auto.offset.reset": "earliest", "enable.auto.commit": False,
+                                               "max.poll.interval.ms": poll_interval_ms})
     consumer.subscribe([Topic.ALERTS.name_for(settings)])
     log.info("forwarding %s to %s (%s format, group %s)", Topic.ALERTS.name_for(settings),
              url_for_logs(args.webhook), fmt, group)

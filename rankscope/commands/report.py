@@ -8,12 +8,11 @@ import argparse
 import json
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from rankscope.config import Settings
-from rankscope.kafka_client import client_conf
+from rankscope.consuming import one_off_group, open_consumer
 from rankscope.report_view import render_markdown
 from rankscope.topics import Topic
 
@@ -31,10 +30,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def wait_for_report(settings: Settings, job: str, window_prefix: str, timeout_s: float,
                     from_beginning: bool = True) -> dict[str, Any] | None:
     """The newest report of ``job`` whose window id starts with ``window_prefix``, waiting up to timeout."""
-    from confluent_kafka import Consumer
-
-    c = Consumer({**client_conf(settings, fatal=True), "group.id": f"rankscope-cli-{uuid.uuid4().hex[:8]}",
-                  "auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False})
+    c = open_consumer(settings, one_off_group("cli"), {"auto.offset.reset": "earliest" if from_beginning else "latest",
+                                                       "enable.auto.commit": False})
     c.subscribe([Topic.REPORTS.name_for(settings)])
     found: dict[str, Any] | None = None
     deadline = time.monotonic() + timeout_s

@@ -108,7 +108,7 @@ class Forwarder:
         return result.outcome
 
 
-class AlertConsumer(Protocol):
+class AlertSource(Protocol):
     """What :func:`forward` needs of a confluent-kafka Consumer."""
 
     def poll(self, timeout: float) -> Any: ...
@@ -116,7 +116,7 @@ class AlertConsumer(Protocol):
     def commit(self, *, message: Any, asynchronous: Literal[False]) -> Any: ...
 
 
-def forward(consumer: AlertConsumer, forwarder: Forwarder, stop: threading.Event, poll_s: float = 0.5) -> None:
+def forward(consumer: AlertSource, forwarder: Forwarder, stop: threading.Event, poll_s: float = 0.5) -> None:
     """Read, deliver and commit (module docstring) until ``stop`` is set. A failed commit is logged:
     the alert may be read again after a restart."""
     while not stop.is_set():

@@ -153,7 +153,7 @@ def test_a_partition_rebuilt_during_an_outage_is_judged_at_what_was_rebuilt() ->
 
 
 def test_partitions_whose_leader_is_not_connected_are_read_from_the_consumer_statistics() -> None:
-    from rankscope.stream_processors.shard_consumer import unreachable_partitions
+    from rankscope.stream_processors.shard_loop import unreachable_partitions
 
     stats = {"brokers": {"127.0.0.1:9092/1": {"nodeid": 1, "state": "UP"},
                          "127.0.0.1:9093/2": {"nodeid": 2, "state": "CONNECT"},

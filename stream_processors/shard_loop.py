@@ -34,11 +34,12 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from rankscope.clock import Clock
 from rankscope.config import Settings
-from rankscope.deadletter import DeadLetter, DeadLetterCounter
+from rankscope.consuming import DeadLetters, open_consumer
+from rankscope.deadletter import DeadLetterCounter
 from rankscope.kafka_client import client_conf
 from rankscope.metrics import cached_high, process_metrics
 from rankscope.stream_processors.rebuild import rebuild_shards
@@ -53,7 +54,7 @@ PROFILE_LOOKBACK_S = 60.0
 PROFILE_BATCH = 64
 
 
-class ShardConsumer:
+class ShardLoop:
     def __init__(self, settings: Settings, group_id: str, clock: Clock, counter: DeadLetterCounter,
                  sender: EnvelopeEncoder) -> None:
         self.settings = settings
@@ -89,8 +90,8 @@ class ShardConsumer:
 
     def run(self) -> None:
         s = self.settings
-        self.consumer = Consumer({
-            **client_conf(s, fatal=True), "group.id": self.group_id, "auto.offset.reset": "earliest",
+        self.consumer = open_consumer(s, self.group_id, {
+            "auto.offset.reset": "earliest",
             "enable.auto.commit": True, "enable.auto.offset.store": False, "auto.commit.interval.ms": 250,
             "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "fetch.wait.max.ms": 100,
             "partition.assignment.strategy": "cooperative-sticky",
@@ -98,8 +99,9 @@ class ShardConsumer:
             "logger": log, "log_level": 3})
         self.producer = Producer({**client_conf(s, fatal=True), "linger.ms": 5, "compression.type": "lz4",
                                   "partitioner": "murmur2_random", "logger": log, "log_level": 3})
-        self.profiles_consumer = Consumer({
-            **client_conf(s, fatal=True), "group.id": f"{self.group_id}-profiles", "enable.auto.commit": False,
+        self.dead_letters = DeadLetters(self.producer, self._names[Topic.DEADLETTER], "processors", self.counter,
+                                        self.clock, self.metrics)
+        self.profiles_consumer = open_consumer(s, f"{self.group_id}-profiles", {"enable.auto.commit": False,
             "auto.offset.reset": "latest", "fetch.wait.max.ms": 100, "logger": log, "log_level": 3})
         self.consumer.subscribe([self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
@@ -137,7 +139,7 @@ class ShardConsumer:
                 if env.kind not in STEPS_KINDS:
                     raise WireError("unexpected_kind", f"{env.kind!r} on {m.topic()}; expected {list(STEPS_KINDS)}")
             except WireError as e:
-                self.dead_letter(m, e.reason, str(e))
+                self.dead_letters.send_for(m, e.reason, str(e))
                 continue
             try:
                 self.stage.ingest(m.partition(), env, now_s)
@@ -159,7 +161,7 @@ class ShardConsumer:
                 if env.kind != "profile":
                     raise WireError("unexpected_kind", f"{env.kind!r} on {m.topic()}; expected ['profile']")
             except WireError as e:
-                self.dead_letter(m, e.reason, str(e))
+                self.dead_letters.send_for(m, e.reason, str(e))
                 continue
             try:
                 self.stage.ingest_profile(m.partition(), env)
@@ -170,15 +172,6 @@ class ShardConsumer:
     def tick(self) -> None:
         for topic, key, value in self.stage.tick(self.clock.wall_ns() / 1e9):
             self._produce(self._names[topic], key, value)
-
-    def dead_letter(self, m: Any, reason: str, detail: str) -> None:
-        self.counter.add("processors", reason)
-        self.metrics.dead_letter("processors", reason)
-        value = m.value()
-        dl = DeadLetter.make(ts_ns=self.clock.wall_ns(), source_topic=m.topic(), partition=m.partition(),
-                             offset=m.offset(), stage="processors", reason=reason, detail=detail,
-                             payload=value if isinstance(value, bytes) else None)
-        self._produce(self._names[Topic.DEADLETTER], m.topic().encode(), dl.to_json())
 
     def _produce(self, topic: str, key: bytes, value: bytes) -> None:
         try:

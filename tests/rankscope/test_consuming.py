@@ -1,0 +1,151 @@
+"""The consumer runtime (rankscope/consuming.py): the only place a Kafka consumer is built, and the
+loop steps the sink and the processors share (message errors, dead letters, rewinding)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from rankscope import consuming
+from rankscope.clock import ManualClock
+from rankscope.config import Settings
+from rankscope.deadletter import DeadLetter, DeadLetterCounter
+
+REPO = Path(__file__).resolve().parents[2]
+PRODUCTION = ("rankscope", "producers", "stream_processors", "offline", "storage", "dashboard", "benchmarks")
+CONSUMER_CALL = re.compile(r"\bConsumer\(")
+
+
+def test_every_consumer_is_opened_by_the_runtime() -> None:
+    sites = [f"{p.relative_to(REPO)}:{n}" for d in PRODUCTION for p in sorted((REPO / d).rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if CONSUMER_CALL.search(line)]
+    assert sites == [f"rankscope/consuming.py:{_line_of('return Consumer(base)')}"], sites
+
+
+def test_the_check_finds_a_planted_consumer() -> None:
+    assert CONSUMER_CALL.search('    c = Consumer({"group.id": "x"})')
+    assert not CONSUMER_CALL.search("class ShardLoop:") and not CONSUMER_CALL.search("def open_consumer(")
+
+
+def _line_of(text: str) -> int:
+    lines = (REPO / "rankscope" / "consuming.py").read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if text in line)
+
+
+class _Recorder:
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.conf = conf
+
+
+def test_open_consumer_builds_from_settings_with_security(monkeypatch: pytest.MonkeyPatch) -> None:
+    import confluent_kafka
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", _Recorder)
+    s = Settings(bootstrap_servers="127.0.0.1:9092", kafka_security_protocol="SASL_PLAINTEXT",
+                 kafka_sasl_username="u", kafka_sasl_password="p")
+    c = consuming.open_consumer(s, "g1", {"enable.auto.commit": False})
+    assert c.conf["group.id"] == "g1" and c.conf["enable.auto.commit"] is False
+    assert c.conf["bootstrap.servers"] == "127.0.0.1:9092" and c.conf["sasl.username"] == "u"
+    assert callable(c.conf["error_cb"])
+
+
+def test_open_consumer_from_a_ranks_configuration_passes_errors_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import confluent_kafka
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", _Recorder)
+    seen: list[Any] = []
+    c = consuming.open_consumer({"bootstrap.servers": "127.0.0.1:1"}, "rank-g", {"auto.offset.reset": "latest"},
+                                fatal=False, on_error=seen.append)
+    assert c.conf["group.id"] == "rank-g" and c.conf["auto.offset.reset"] == "latest"
+    err = KafkaError(KafkaError._TRANSPORT)
+    c.conf["error_cb"](err)
+    assert seen == [err]
+    assert consuming.one_off_group("cli").startswith("rankscope-cli-")
+    assert consuming.one_off_group("cli") != consuming.one_off_group("cli")
+
+
+class _Msg:
+    def __init__(self, topic: str = "t", partition: int = 0, offset: int = 0, value: Any = b"x",
+                 error: KafkaError | None = None) -> None:
+        self._t, self._p, self._o, self._v, self._e = topic, partition, offset, value, error
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def value(self) -> Any:
+        return self._v
+
+    def error(self) -> KafkaError | None:
+        return self._e
+
+
+def test_data_or_skip_tells_data_from_errors() -> None:
+    counted: list[str] = []
+    assert consuming.data_or_skip(_Msg(), "sink", counted.append)
+    assert not consuming.data_or_skip(_Msg(error=KafkaError(KafkaError._PARTITION_EOF)), "sink", counted.append)
+    assert counted == []
+    assert not consuming.data_or_skip(_Msg(error=KafkaError(KafkaError._TRANSPORT)), "sink", counted.append)
+    assert counted == ["consumer_errors"]
+    with pytest.raises(KafkaException):
+        consuming.data_or_skip(_Msg(error=KafkaError(KafkaError._FATAL, fatal=True)), "sink", counted.append)
+
+
+def test_rewind_seeks_each_partition_to_its_first_message() -> None:
+    class Seeker:
+        seeks: list[tuple[str, int, int]] = []
+
+        def seek(self, tp: Any) -> None:
+            self.seeks.append((tp.topic, tp.partition, tp.offset))
+
+    c = Seeker()
+    consuming.rewind(c, [_Msg("a", 0, 7), _Msg("a", 0, 5), _Msg("a", 1, 9), _Msg("b", 0, 3),
+                         _Msg("b", 0, 1, error=KafkaError(KafkaError._TRANSPORT))])
+    assert sorted(c.seeks) == [("a", 0, 5), ("a", 1, 9), ("b", 0, 3)]
+
+
+def test_dead_letters_are_produced_counted_and_wait_for_room() -> None:
+    class Producer:
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, bytes, bytes]] = []
+            self.full = 2
+            self.polls = 0
+
+        def produce(self, topic: str, key: bytes, value: bytes, **_: Any) -> None:
+            if self.full:
+                self.full -= 1
+                raise BufferError("queue full")
+            self.sent.append((topic, key, value))
+
+        def poll(self, _timeout: float) -> int:
+            self.polls += 1
+            return 0
+
+    class Metrics:
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, str]] = []
+
+        def dead_letter(self, stage: str, reason: str) -> None:
+            self.seen.append((stage, reason))
+
+    p, counter, metrics = Producer(), DeadLetterCounter(), Metrics()
+    dl = consuming.DeadLetters(p, "rankscope.deadletter", "sink", counter, ManualClock(start_s=123e-9), metrics)
+    dl.send_for(_Msg("rankscope.steps", 2, 41, b"\xc1garbage"), "not_msgpack", "bad first byte")
+    assert counter.snapshot() == {"sink:not_msgpack": 1} and metrics.seen == [("sink", "not_msgpack")]
+    assert p.polls >= 3     # served delivery reports twice while the queue was full
+    ((topic, key, value),) = p.sent
+    assert topic == "rankscope.deadletter" and key == b"rankscope.steps"
+    letter = DeadLetter.from_json(value)
+    assert (letter.source_topic, letter.partition, letter.offset, letter.stage, letter.reason, letter.ts_ns) == (
+        "rankscope.steps", 2, 41, "sink", "not_msgpack", ManualClock(start_s=123e-9).wall_ns())
+    assert json.loads(value)["payload_b64"]
