@@ -62,6 +62,26 @@ def _leaf_strings(names: Sequence[str], paths: Sequence[Sequence[int]], ids: Ite
     return out
 
 
+def valid_leaf_strings(names: Sequence[str], paths: Sequence[Sequence[int]], ids: Iterable[int],
+                       sep: str = ";", max_depth: int | None = None) -> dict[int, str]:
+    """:func:`path_strings` for ``ids`` of a table already checked (each parent -1 or an earlier
+    entry, each name index inside ``names``; rankscope.protocol.profile.validate): the walk up
+    checks nothing but the depth, so a profile's rows cost what their frames do. Raises ValueError
+    on a path of more than ``max_depth`` frames."""
+    out: dict[int, str] = {}
+    for pid in ids:
+        chain: list[str] = []
+        p = pid
+        while p >= 0:
+            p, ni = paths[p]
+            chain.append(names[ni])
+        if max_depth is not None and len(chain) > max_depth:
+            raise ValueError(f"profile: a call path deeper than {max_depth} frames")
+        chain.reverse()
+        out[pid] = sep.join(chain)
+    return out
+
+
 def expand_call_paths(functions: dict[str, Any]) -> dict[str, Any]:
     """A summary's ``functions`` in the plain form: python rows named ``"root;...;leaf"``. Bodies
     without ``call_paths`` come back as they are. Raises ValueError on a malformed table or columns."""

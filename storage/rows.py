@@ -105,8 +105,8 @@ def profile_columns(env: Envelope, out: Columns) -> int:
     t0, dt, hz = b["t0_ns"], b["t1_ns"] - b["t0_ns"], float(b["hz"])
     int_field(t0, "profile.t0_ns")
     int_field(dt, "profile.interval")
-    for role, path, n in rows:
-        out.add_tuple((env.job, env.rank, env.host, env.pid, t0, dt, role, path, n, hz))
+    job, rank, host, pid = env.job, env.rank, env.host, env.pid
+    out.add_tuples([(job, rank, host, pid, t0, dt, role, path, n, hz) for role, path, n in rows])
     return len(rows)
 
 

@@ -67,7 +67,19 @@ def _typed(name: str, v: Any) -> bool:
     items = cast(list[Any], v)
     if item is list:
         return True         # the call-path table's entries: checked with their bounds in validate
-    return all(type(x) is item for x in items)
+    return set(map(type, items)) <= {item}
+
+
+def _table_ok(paths: list[Any], nnames: int) -> bool:
+    """Every entry of the call-path table is ``[parent, name index]``: ints, the parent -1 or an
+    earlier entry (so no cycle), the name index inside the names."""
+    for i, entry in enumerate(paths):
+        if type(entry) is not list or len(entry) != 2:
+            return False
+        parent, name_idx = entry
+        if type(parent) is not int or type(name_idx) is not int or not -1 <= parent < i or not 0 <= name_idx < nnames:
+            return False
+    return True
 
 
 def validate(body: dict[str, Any]) -> ProfileBody:
@@ -87,16 +99,13 @@ def validate(body: dict[str, Any]) -> ProfileBody:
     n = len(p.path)
     if n > MAX_ROWS or len(p.role) != n or len(p.count) != n:
         raise ValueError(f"profile: path, role and count are rows of equal length, at most {MAX_ROWS}")
-    npaths, nnames = len(p.paths), len(p.names)
-    for i, entry in enumerate(p.paths):   # a parent comes before its callees: no cycles
-        if type(entry) is not list or len(entry) != 2:
-            raise ValueError("profile: paths entries are [parent, name index] pairs")
-        parent, name_idx = entry
-        if type(parent) is not int or type(name_idx) is not int or not -1 <= parent < i or not 0 <= name_idx < nnames:
-            raise ValueError("profile: paths entries are [parent (-1 at a root, else an earlier entry), name index]")
-    if any(not 0 <= x < npaths for x in p.path) or any(not 0 <= r < len(p.roles) for r in p.role):
+    if not _table_ok(p.paths, len(p.names)):
+        raise ValueError("profile: paths entries are [parent (-1 at a root, else an earlier entry), name index]")
+    if p.path and (min(p.path) < 0 or max(p.path) >= len(p.paths) or min(p.role) < 0
+                   or max(p.role) >= len(p.roles)):
         raise ValueError("profile: a row names a path or role outside its table")
-    if any(not 0 < c <= MAX_COUNT for c in p.count) or any(not 0 <= c <= MAX_COUNT for c in p.other) \
+    if (p.count and (min(p.count) <= 0 or max(p.count) > MAX_COUNT)) \
+            or (p.other and (min(p.other) < 0 or max(p.other) > MAX_COUNT)) \
             or p.ticks > MAX_COUNT or p.t1_ns >= 2**63:
         raise ValueError("profile: counts are positive (others not negative), at most 2**31 - 1")
     return p
@@ -110,14 +119,10 @@ def from_validated(body: dict[str, Any]) -> ProfileBody:
 def rows(p: ProfileBody) -> list[tuple[str, str, int]]:
     """(role, ``"root;...;leaf"``, count) for each row, and ``(role, "", other)`` for each role's
     samples left out, of a validated body. Raises ValueError on a call path deeper than MAX_DEPTH."""
-    from rankscope.call_paths import path_strings
+    from rankscope.call_paths import valid_leaf_strings
 
-    strings = path_strings(p.names, p.paths, set(p.path))
-    out = []
-    for pid, r, c in zip(p.path, p.role, p.count, strict=True):
-        s = strings[pid]
-        if s.count(";") >= MAX_DEPTH:
-            raise ValueError(f"profile: a call path deeper than {MAX_DEPTH} frames")
-        out.append((p.roles[r], s, c))
+    strings = valid_leaf_strings(p.names, p.paths, set(p.path), max_depth=MAX_DEPTH)
+    roles = p.roles
+    out = [(roles[r], strings[pid], c) for pid, r, c in zip(p.path, p.role, p.count, strict=True)]
     out.extend((role, "", c) for role, c in zip(p.roles, p.other, strict=True) if c > 0)
     return out

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from rankscope.protocol.profile import MAX_ROWS, rows, validate
+from rankscope.protocol.profile import MAX_DEPTH, MAX_ROWS, rows, validate
 from rankscope.wire import Envelope, WireError, decode, encode
 
 GOOD = {"t0_ns": 10**18, "t1_ns": 10**18 + 10**10, "hz": 20.0, "ticks": 200, "roles": ["training", "other"],
@@ -55,3 +55,18 @@ def test_a_v1_envelope_cannot_carry_a_profile() -> None:
     with pytest.raises(WireError) as e:
         decode(env(GOOD, v=1))
     assert e.value.reason == "unknown_kind"
+
+
+def test_a_call_path_deeper_than_max_depth_is_refused_and_one_at_it_is_not() -> None:
+    def chain(depth: int) -> dict:
+        return bad(names=["f"], paths=[[-1, 0]] + [[i, 0] for i in range(depth - 1)], path=[depth - 1], role=[0],
+                   count=[5])
+
+    assert rows(validate(chain(MAX_DEPTH)))[0][1] == ";".join(["f"] * MAX_DEPTH)
+    with pytest.raises(ValueError, match="deeper than"):
+        rows(validate(chain(MAX_DEPTH + 1)))
+    with pytest.raises(WireError):      # the sink dead-letters it (storage/rows.py: bad_body)
+        from rankscope.storage.columns import TABLE_COLUMNS, Columns
+        from rankscope.storage.rows import profile_columns
+
+        profile_columns(decode(env(chain(MAX_DEPTH + 1))), Columns(TABLE_COLUMNS["profile_samples"]))
