@@ -15,6 +15,7 @@ from rankscope import consuming
 from rankscope.clock import ManualClock
 from rankscope.config import Settings
 from rankscope.deadletter import DeadLetter, DeadLetterCounter
+from tests.kafka_fakes import Message
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCTION = ("rankscope", "producers", "stream_processors", "offline", "storage", "dashboard", "benchmarks")
@@ -69,36 +70,15 @@ def test_open_consumer_from_a_ranks_configuration_passes_errors_on(monkeypatch: 
     assert consuming.one_off_group("cli") != consuming.one_off_group("cli")
 
 
-class _Msg:
-    def __init__(self, topic: str = "t", partition: int = 0, offset: int = 0, value: Any = b"x",
-                 error: KafkaError | None = None) -> None:
-        self._t, self._p, self._o, self._v, self._e = topic, partition, offset, value, error
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def value(self) -> Any:
-        return self._v
-
-    def error(self) -> KafkaError | None:
-        return self._e
-
-
 def test_data_or_skip_tells_data_from_errors() -> None:
     counted: list[str] = []
-    assert consuming.data_or_skip(_Msg(), "sink", counted.append)
-    assert not consuming.data_or_skip(_Msg(error=KafkaError(KafkaError._PARTITION_EOF)), "sink", counted.append)
+    assert consuming.data_or_skip(Message(), "sink", counted.append)
+    assert not consuming.data_or_skip(Message(error=KafkaError(KafkaError._PARTITION_EOF)), "sink", counted.append)
     assert counted == []
-    assert not consuming.data_or_skip(_Msg(error=KafkaError(KafkaError._TRANSPORT)), "sink", counted.append)
+    assert not consuming.data_or_skip(Message(error=KafkaError(KafkaError._TRANSPORT)), "sink", counted.append)
     assert counted == ["consumer_errors"]
     with pytest.raises(KafkaException):
-        consuming.data_or_skip(_Msg(error=KafkaError(KafkaError._FATAL, fatal=True)), "sink", counted.append)
+        consuming.data_or_skip(Message(error=KafkaError(KafkaError._FATAL, fatal=True)), "sink", counted.append)
 
 
 def test_rewind_seeks_each_partition_to_its_first_message() -> None:
@@ -109,8 +89,8 @@ def test_rewind_seeks_each_partition_to_its_first_message() -> None:
             self.seeks.append((tp.topic, tp.partition, tp.offset))
 
     c = Seeker()
-    consuming.rewind(c, [_Msg("a", 0, 7), _Msg("a", 0, 5), _Msg("a", 1, 9), _Msg("b", 0, 3),
-                         _Msg("b", 0, 1, error=KafkaError(KafkaError._TRANSPORT))])
+    consuming.rewind(c, [Message("a", 0, 7), Message("a", 0, 5), Message("a", 1, 9), Message("b", 0, 3),
+                         Message("b", 0, 1, error=KafkaError(KafkaError._TRANSPORT))])
     assert sorted(c.seeks) == [("a", 0, 5), ("a", 1, 9), ("b", 0, 3)]
 
 
@@ -140,7 +120,7 @@ def test_dead_letters_are_produced_counted_and_wait_for_room() -> None:
 
     p, counter, metrics = Producer(), DeadLetterCounter(), Metrics()
     dl = consuming.DeadLetters(p, "rankscope.deadletter", "sink", counter, ManualClock(start_s=123e-9), metrics)
-    dl.send_for(_Msg("rankscope.steps", 2, 41, b"\xc1garbage"), "not_msgpack", "bad first byte")
+    dl.send_for(Message("rankscope.steps", 2, 41, b"\xc1garbage"), "not_msgpack", "bad first byte")
     assert counter.snapshot() == {"sink:not_msgpack": 1} and metrics.seen == [("sink", "not_msgpack")]
     assert p.polls >= 3     # served delivery reports twice while the queue was full
     ((topic, key, value),) = p.sent

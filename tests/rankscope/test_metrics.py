@@ -22,28 +22,9 @@ from rankscope.config import RESTARTS_ENV, ConfigError, Settings
 from rankscope.metrics import Metrics, start_metrics
 from rankscope.supervisor import BackoffPolicy, ServiceSpec, Supervisor
 from tests.integration.helpers import free_port, wait_until
+from tests.kafka_fakes import Message as Msg
 
 NOW_NS = 1_800_000_000_000_000_000
-
-
-class Msg:
-    def __init__(self, topic: str, partition: int, offset: int, ts_ms: int, error: Any = None) -> None:
-        self._t, self._p, self._o, self._ts, self._e = topic, partition, offset, ts_ms, error
-
-    def error(self) -> Any:
-        return self._e
-
-    def topic(self) -> str:
-        return self._t
-
-    def partition(self) -> int:
-        return self._p
-
-    def offset(self) -> int:
-        return self._o
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, self._ts) if self._ts else (0, -1)
 
 
 class Watermarks:
@@ -62,8 +43,8 @@ def value(m: Metrics, name: str, **labels: str) -> float | None:
 def test_a_batch_is_counted_by_topic_with_lag_per_partition() -> None:
     m = Metrics()
     now_ms = NOW_NS // 1_000_000
-    msgs = [Msg("p.steps", 0, 10, now_ms - 4000), Msg("p.steps", 0, 11, now_ms - 2500),
-            Msg("p.steps", 1, 5, now_ms - 100), Msg("p.hw", 2, 7, 0), Msg("p.steps", 3, 1, 1, error="eof")]
+    msgs = [Msg("p.steps", 0, 10, ts_ms=now_ms - 4000), Msg("p.steps", 0, 11, ts_ms=now_ms - 2500),
+            Msg("p.steps", 1, 5, ts_ms=now_ms - 100), Msg("p.hw", 2, 7, ts_ms=0), Msg("p.steps", 3, 1, ts_ms=1, error="eof")]
     m.consumed(msgs, Watermarks({("p.steps", 0): 20, ("p.steps", 1): 6}), NOW_NS)
     assert value(m, "rankscope_messages_consumed_total", topic="p.steps") == 3
     assert value(m, "rankscope_messages_consumed_total", topic="p.hw") == 1
@@ -84,7 +65,7 @@ def test_a_batch_is_counted_by_topic_with_lag_per_partition() -> None:
 def test_observing_never_raises_into_the_loop() -> None:
     m = Metrics()
     m.consumed([object()], None, NOW_NS)                  # not a message at all
-    m.consumed([Msg("t", 0, 1, 5)], object(), NOW_NS)      # a consumer without watermarks
+    m.consumed([Msg("t", 0, 1, ts_ms=5)], object(), NOW_NS)      # a consumer without watermarks
     assert value(m, "rankscope_consumer_lag_messages", topic="t", partition="0") is None
     m.consumed_event(object(), None, NOW_NS)
 

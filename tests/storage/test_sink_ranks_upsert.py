@@ -10,46 +10,21 @@ from rankscope.clock import ManualClock
 from rankscope.config import Settings
 from rankscope.storage.sink import Sink
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode, rank_key
+from rankscope.wire import Envelope, encode
+from tests.kafka_fakes import Message
 
 JOB = "ranks-upsert"
 
 
-class Msg:
-    def __init__(self, topic: str, offset: int, value: bytes) -> None:
-        self._topic, self._offset, self._value = topic, offset, value
-
-    def error(self) -> None:
-        return None
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def value(self) -> bytes:
-        return self._value
-
-    def key(self) -> bytes:
-        return rank_key(JOB, 0)
-
-    def timestamp(self) -> tuple[int, int]:
-        return (0, 0)
-
-
 class FakeConsumer:
     def __init__(self) -> None:
-        self.queue: list[Msg] = []
+        self.queue: list[Message] = []
         self.commits: list[Any] = []
 
     def subscribe(self, topics: list[str], **_: Any) -> None:
         pass
 
-    def consume(self, num_messages: int, timeout: float) -> list[Msg]:
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
         out, self.queue = self.queue[:num_messages], self.queue[num_messages:]
         return out
 
@@ -119,7 +94,7 @@ def test_progress_is_written_every_sink_ranks_s_and_changes_at_once() -> None:
         nonlocal offset
         before = len(store.ranks_written())
         for v in values:
-            consumer.queue.append(Msg(steps, offset, v))
+            consumer.queue.append(Message(steps, 0, offset, v))
             offset += 1
         sink.poll_once(0)
         clock.advance(0.6)
