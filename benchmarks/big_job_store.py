@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rankscope.alerts import Alert, StackGroup
+from rankscope.protocol.alerts import Alert, StackGroup
 from rankscope.storage.store import Store
 
 S = 1_000_000_000

@@ -40,8 +40,8 @@ import msgpack
 from confluent_kafka import Consumer
 
 from benchmarks._stack import env_for, free_port, local_stack
-from rankscope.alerts import Alert
 from rankscope.consuming import one_off_group, open_consumer
+from rankscope.protocol.alerts import Alert
 from rankscope.topics import Topic
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "tests" / "integration" / "scripts"

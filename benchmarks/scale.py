@@ -56,10 +56,10 @@ import numpy as np
 
 from benchmarks._stack import env_for, free_port
 from rankscope.admin import admin_client, ensure_topics
-from rankscope.alerts import Alert
 from rankscope.broker import LocalBroker
 from rankscope.config import Settings
 from rankscope.consuming import one_off_group, open_consumer
+from rankscope.protocol.alerts import Alert
 from rankscope.stream_processors.app import app_id
 from rankscope.topics import Topic
 

@@ -1,7 +1,7 @@
 """The JSON Schema of the alert message (``rankscope/alert.schema.json``, draft 2020-12), shipped in
 the package, and a check of one decoded alert against it.
 
-The processors do not validate with it: they publish :class:`rankscope.alerts.Alert` documents and
+The processors do not validate with it: they publish :class:`rankscope.protocol.alerts.Alert` documents and
 consumers decode them with ``Alert.from_json``. The schema is for consumers in other languages and
 for the tests. :func:`validate` needs ``jsonschema``, which no rankscope extra declares (the dev
 environment has it through Streamlit), so it is imported inside the function.

@@ -18,8 +18,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rankscope.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.kafka_client import auth_error_cb, client_conf
+from rankscope.protocol.deadletter import DeadLetter, DeadLetterCounter
 
 if TYPE_CHECKING:
     from rankscope.clock import Clock

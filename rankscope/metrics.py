@@ -44,8 +44,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Hi
 from prometheus_client.exposition import start_http_server
 
 from rankscope import services
-from rankscope.alerts import ALERT_KINDS
 from rankscope.config import RESTARTS_ENV, Settings
+from rankscope.protocol.alerts import ALERT_KINDS
 
 log = logging.getLogger(__name__)
 

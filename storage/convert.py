@@ -14,8 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankscope.alerts import Alert
-from rankscope.deadletter import DeadLetter
+from rankscope.protocol.alerts import Alert
+from rankscope.protocol.deadletter import DeadLetter
 from rankscope.storage.columns import (
     HI,
     HI32,

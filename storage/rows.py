@@ -14,9 +14,9 @@ from itertools import chain, compress, repeat
 from operator import is_not
 from typing import Any
 
-from rankscope.alerts import Alert
-from rankscope.deadletter import DeadLetter
 from rankscope.protocol import profile
+from rankscope.protocol.alerts import Alert
+from rankscope.protocol.deadletter import DeadLetter
 from rankscope.storage.columns import (
     HI,
     HI32,

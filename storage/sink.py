@@ -41,9 +41,9 @@ from typing import Any
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
 from rankscope.consuming import DeadLetters, data_or_skip, open_consumer, rewind
-from rankscope.deadletter import DeadLetterCounter
 from rankscope.kafka_client import client_conf
 from rankscope.metrics import process_metrics
+from rankscope.protocol.deadletter import DeadLetterCounter
 from rankscope.storage.columns import ARROW_TYPES, JOB_COLUMNS, RANK_COLUMNS, TABLE_ORDER, InvalidMessage
 from rankscope.storage.convert import Batch, RowBuilder
 from rankscope.storage.rows import merge_job, merge_rank

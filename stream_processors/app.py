@@ -30,9 +30,9 @@ import faust
 
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import Settings
-from rankscope.deadletter import DeadLetterCounter
 from rankscope.kafka_client import faust_auth
 from rankscope.metrics import process_metrics, start_metrics
+from rankscope.protocol.deadletter import DeadLetterCounter
 from rankscope.stream_processors.handlers import Handlers, Out, Source
 from rankscope.stream_processors.rebuild import open_incidents
 from rankscope.stream_processors.shard_loop import ShardLoop

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.alerts import StackGroup
 from rankscope.config import Settings
+from rankscope.protocol.alerts import StackGroup
 from rankscope.stream_processors.shard_summary import Failure, Row
 
 # Messages of the errors a rank sees when a peer's process went away (gloo, NCCL, c10d, sockets).

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.alerts import Alert
 from rankscope.clock import Clock
 from rankscope.config import Settings
-from rankscope.deadletter import DeadLetter, DeadLetterCounter
+from rankscope.protocol.alerts import Alert
+from rankscope.protocol.deadletter import DeadLetter, DeadLetterCounter
 from rankscope.stream_processors.report_alerts import ReportAlerts
 from rankscope.stream_processors.stages import EnvelopeEncoder, JobStage
 from rankscope.stream_processors.windows import WindowCollector

@@ -30,8 +30,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankscope.alerts import MAX_DETAIL_RANKS, MAX_RANKS, Alert, StackGroup
 from rankscope.config import Settings
+from rankscope.protocol.alerts import MAX_DETAIL_RANKS, MAX_RANKS, Alert, StackGroup
 from rankscope.rank_states import DEAD, HUNG, RUNNING, SLOW, WAITING, exited_state
 from rankscope.stream_processors import collective_arrivals, failures
 from rankscope.stream_processors.job_view import MAX_GROUP_RANKS, JobView

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rankscope.alerts import Alert
 from rankscope.config import Settings
+from rankscope.protocol.alerts import Alert
 from rankscope.stream_processors.monitor import JobMonitor
 from rankscope.stream_processors.shard import ShardJob
 from rankscope.wire import Envelope

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 from confluent_kafka import TopicPartition
 
-from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.consuming import one_off_group, open_consumer
+from rankscope.protocol.alerts import Alert
 from rankscope.stream_processors.shard import ShardJob
 from rankscope.topics import Topic
 from rankscope.wire import WireError, decode

@@ -2,14 +2,14 @@
 
 One ``abnormal_worker`` incident per job: opened by a report that names abnormal workers,
 updated (new version) by later reports that still name some, resolved by the first report that
-names none. Pure state machine: reports in, :class:`~rankscope.alerts.Alert` objects out.
+names none. Pure state machine: reports in, :class:`~rankscope.protocol.alerts.Alert` objects out.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rankscope.alerts import Alert
+from rankscope.protocol.alerts import Alert
 
 KIND = "abnormal_worker"
 

@@ -39,9 +39,9 @@ from confluent_kafka import Producer, TopicPartition
 from rankscope.clock import Clock
 from rankscope.config import Settings
 from rankscope.consuming import DeadLetters, open_consumer
-from rankscope.deadletter import DeadLetterCounter
 from rankscope.kafka_client import client_conf
 from rankscope.metrics import cached_high, process_metrics
+from rankscope.protocol.deadletter import DeadLetterCounter
 from rankscope.stream_processors.rebuild import rebuild_shards
 from rankscope.stream_processors.stages import STEPS_KINDS, EnvelopeEncoder, ShardStage
 from rankscope.topics import Topic

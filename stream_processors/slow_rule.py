@@ -33,9 +33,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rankscope.alerts import MAX_DETAIL_RANKS, MAX_RANKS, Alert
 from rankscope.config import Settings
 from rankscope.last_arrivals import Step, enter_share, horizon_stats, latest_horizon
+from rankscope.protocol.alerts import MAX_DETAIL_RANKS, MAX_RANKS, Alert
 from rankscope.stream_processors import profile_digest
 from rankscope.stream_processors.analysis.outliers import flag_slow
 from rankscope.stream_processors.arrivals import ArrivalLedger, parse_arrivals

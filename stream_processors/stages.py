@@ -16,9 +16,9 @@ import itertools
 import logging
 from collections.abc import Iterable
 
-from rankscope.alerts import Alert
 from rankscope.config import Settings
 from rankscope.protocol import profile
+from rankscope.protocol.alerts import Alert
 from rankscope.stream_processors import profile_digest
 from rankscope.stream_processors.monitor import JobMonitor
 from rankscope.stream_processors.shard import ShardJob

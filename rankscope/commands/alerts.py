@@ -17,11 +17,11 @@ import time
 import urllib.parse
 from datetime import UTC, datetime
 
-from rankscope.alerts import Alert
 from rankscope.commands.webhook_delivery import RetryPolicy, url_for_logs
 from rankscope.commands.webhook_formats import FORMATS
 from rankscope.config import Settings
 from rankscope.consuming import one_off_group, open_consumer
+from rankscope.protocol.alerts import Alert
 from rankscope.topics import Topic
 
 log = logging.getLogger("rankscope.alerts")

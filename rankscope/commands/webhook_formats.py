@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from rankscope.alerts import Alert
+from rankscope.protocol.alerts import Alert
 
 ZERO_TIME = "0001-01-01T00:00:00Z"    # Alertmanager's endsAt of an alert that still fires
 RECEIVER = "rankscope"

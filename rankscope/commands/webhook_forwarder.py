@@ -26,7 +26,6 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from rankscope.alerts import Alert
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.commands.webhook_delivery import (
     DELIVERED,
@@ -38,6 +37,7 @@ from rankscope.commands.webhook_delivery import (
     post_json,
     sleep,
 )
+from rankscope.protocol.alerts import Alert
 
 log = logging.getLogger("rankscope.alerts.webhook")
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rankscope.alerts import Alert, StackGroup
+from rankscope.protocol.alerts import Alert, StackGroup
 from rankscope.storage.store import Store
 
 S = 1_000_000_000

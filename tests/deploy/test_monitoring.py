@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from rankscope.alerts import ALERT_KINDS
 from rankscope.config import Settings
 from rankscope.metrics import Metrics
+from rankscope.protocol.alerts import ALERT_KINDS
 from tests.integration.helpers import processors_and_sink, start_job, stop_process, tail, wait_until
 from tests.rankscope.test_compose import SHELL, interpolate, service_env
 

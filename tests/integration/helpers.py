@@ -19,8 +19,8 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from rankscope.alert_schema import validate as validate_alert
-from rankscope.alerts import Alert
 from rankscope.config import Settings
+from rankscope.protocol.alerts import Alert
 from rankscope.topics import Topic
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.alerts import Alert
 from rankscope.config import Settings
+from rankscope.protocol.alerts import Alert
 from rankscope.storage.store import Store
 from tests.integration.helpers import (
     REPO,

@@ -233,7 +233,7 @@ def test_bad_input_is_dead_lettered_and_valid_records_survive(pipeline: tuple[Se
     import msgpack
     from confluent_kafka import Producer
 
-    from rankscope.deadletter import DeadLetter
+    from rankscope.protocol.deadletter import DeadLetter
     from rankscope.wire import Envelope, encode
 
     settings, store, _ = pipeline

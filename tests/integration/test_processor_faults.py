@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.alerts import Alert
 from rankscope.config import Settings
+from rankscope.protocol.alerts import Alert
 from rankscope.topics import Topic
 from rankscope.wire import decode
 from tests.integration.helpers import (

@@ -23,12 +23,12 @@ import pytest
 from confluent_kafka import Consumer
 
 from rankscope.admin import ensure_topics
-from rankscope.alerts import Alert
 from rankscope.broker import LocalBroker
 from rankscope.config import Settings
 from rankscope.dashboard import control
 from rankscope.kafka_client import client_conf
 from rankscope.producers.tracer import Tracer
+from rankscope.protocol.alerts import Alert
 from rankscope.storage.sink import Sink
 from rankscope.storage.store import close_store, open_store
 from rankscope.topics import Topic

@@ -17,8 +17,8 @@ import pytest
 from confluent_kafka import Producer
 
 from rankscope.alert_schema import validate
-from rankscope.alerts import Alert
 from rankscope.config import Settings
+from rankscope.protocol.alerts import Alert
 from rankscope.topics import Topic
 from tests.integration.helpers import REPO, child_env, stop_process, tail, wait_until
 from tests.webhook_server import WebhookServer

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from rankscope.alert_schema import alert_schema, validate
-from rankscope.alerts import ALERT_KINDS, ALERT_SCHEMA_VERSION, ALERT_STATUSES, MAX_RANKS, Alert
+from rankscope.protocol.alerts import ALERT_KINDS, ALERT_SCHEMA_VERSION, ALERT_STATUSES, MAX_RANKS, Alert
 from rankscope.stream_processors.pipeline import TwoStage
 from rankscope.stream_processors.report_alerts import ReportAlerts
 from tests.fr_dumps import ModelledJob
@@ -106,7 +106,7 @@ def test_the_schema_is_valid_and_names_the_code_s_kinds_and_statuses() -> None:
     assert set(props["kind"]["enum"]) == ALERT_KINDS == set(SCENARIOS)
     assert set(props["status"]["enum"]) == ALERT_STATUSES
     assert set(schema["required"]) == set(Alert.__dataclass_fields__) == set(props)
-    assert props["ranks"]["maxItems"] == MAX_RANKS           # the rules' bound, declared in rankscope/alerts.py
+    assert props["ranks"]["maxItems"] == MAX_RANKS           # the rules' bound, declared in rankscope/protocol/alerts.py
     from rankscope.stream_processors import profile_digest
     assert schema["$defs"]["slow_rank_details"]["properties"]["profile"]["maxItems"] == profile_digest.NAMED_PATHS
 

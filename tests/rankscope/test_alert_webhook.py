@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from rankscope import cli
-from rankscope.alerts import Alert, StackGroup
 from rankscope.clock import ManualClock
 from rankscope.commands.webhook_delivery import (
     DELIVERED,
@@ -27,6 +26,7 @@ from rankscope.commands.webhook_delivery import (
 from rankscope.commands.webhook_formats import ZERO_TIME, alertmanager_payload, rfc3339, slack_payload
 from rankscope.commands.webhook_forwarder import Forwarder, RecentDeliveries, forward
 from rankscope.config import Settings
+from rankscope.protocol.alerts import Alert, StackGroup
 from tests.webhook_server import WebhookServer
 
 OPENED_NS = 1_764_806_400_123_456_789          # 2025-12-04T00:00:00.123456789Z

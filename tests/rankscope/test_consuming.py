@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 from rankscope import consuming
 from rankscope.clock import ManualClock
 from rankscope.config import Settings
-from rankscope.deadletter import DeadLetter, DeadLetterCounter
+from rankscope.protocol.deadletter import DeadLetter, DeadLetterCounter
 from tests.kafka_fakes import Message
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,9 +15,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from rankscope.alerts import Alert
 from rankscope.config import Settings
-from rankscope.deadletter import DeadLetter
+from rankscope.protocol.alerts import Alert
+from rankscope.protocol.deadletter import DeadLetter
 from rankscope.storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
 from rankscope.storage.rows import hw_columns, merge_rank, steps_columns, summary_columns, trace_columns
 from rankscope.storage.sink import RetryPolicy, Sink

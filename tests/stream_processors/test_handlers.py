@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from rankscope.alerts import Alert
 from rankscope.clock import ManualClock
 from rankscope.config import Settings
-from rankscope.deadletter import DeadLetterCounter
 from rankscope.producers.trace_events import summarize, to_columnar
+from rankscope.protocol.alerts import Alert
+from rankscope.protocol.deadletter import DeadLetterCounter
 from rankscope.stream_processors.handlers import Handlers, Source
 from rankscope.stream_processors.stages import EnvelopeEncoder, JobStage, ShardStage
 from rankscope.topics import Topic

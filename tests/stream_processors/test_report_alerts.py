@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rankscope.alerts import Alert
+from rankscope.protocol.alerts import Alert
 from rankscope.stream_processors.report_alerts import ReportAlerts
 
 

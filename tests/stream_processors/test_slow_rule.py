@@ -9,8 +9,8 @@ from collections.abc import Callable
 import msgpack
 import pytest
 
-from rankscope.alerts import Alert
 from rankscope.config import ConfigError, Settings
+from rankscope.protocol.alerts import Alert
 from rankscope.stream_processors.arrivals import ARRIVAL_STEPS, ArrivalLedger
 from rankscope.stream_processors.monitor import JobMonitor, slow_ranks
 from rankscope.stream_processors.pipeline import TwoStage
