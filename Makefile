@@ -45,7 +45,7 @@ status:
 	$(BIN)/rankscope status
 
 test: install native kafka-jars browser
-	WHEELHOUSE=$(WHEELHOUSE) $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
+	WHEELHOUSE=$(WHEELHOUSE) $(BIN)/python tests/run_lanes.py $(PYTEST_ARGS)
 
 bench: install native kafka-jars browser
 	$(BIN)/python -m benchmarks

@@ -217,7 +217,7 @@ def test_the_c_walker_survives_threads_that_come_and_go_beside_profiler_windows(
     from pathlib import Path
 
     script = Path(__file__).parent / "scripts" / "stack_walk_torture.py"
-    out = subprocess.run([sys.executable, "-X", "faulthandler", str(script), "c", "10", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-X", "faulthandler", str(script), "c", "10", str(tmp_path), "20", "500"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("survived")][-1]

@@ -2,9 +2,11 @@
 ops and generators, torch.profiler windows with Python stacks opening and closing, and the sampler
 at 500 Hz.
 
-``python stack_walk_torture.py c|python SECONDS CACHE_DIR``: ``c`` samples with the C walker (built
-into CACHE_DIR), ``python`` walks the stacks in Python (which crashed CPython 3.11 here within
-seconds). Prints ``survived ... samples=N windows=M`` and exits 0 when it lasted.
+``python stack_walk_torture.py c|python SECONDS CACHE_DIR [MIN_WINDOWS MIN_SAMPLES]``: ``c`` samples
+with the C walker (built into CACHE_DIR), ``python`` walks the stacks in Python (which crashed
+CPython 3.11 here within seconds). With MIN_WINDOWS and MIN_SAMPLES it goes on past SECONDS (up to
+240 s more, on a starved machine) until it has opened more windows and taken more samples than
+those. Prints ``survived ... samples=N windows=M`` and exits 0 when it lasted.
 """
 
 import random
@@ -32,6 +34,7 @@ def deep(n, x):
 
 def main() -> None:
     kind, seconds, cache = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    min_windows, min_samples = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else (0, 0)
     walker = None
     if kind == "c":
         stack_walk.build(cache)
@@ -63,7 +66,12 @@ def main() -> None:
     windows = 0
     model = torch.nn.Linear(16, 16)
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    give_up = end + 240.0
+
+    def short() -> bool:   # a starved machine: go on until the run has seen what it should
+        return windows <= min_windows or sum(b["ticks"] for b in list(bodies)) <= min_samples
+
+    while time.monotonic() < end or (short() and time.monotonic() < give_up):
         with profile(activities=[ProfilerActivity.CPU], with_stack=True):
             for _ in range(5):
                 model(torch.randn(4, 16)).sum().backward()

@@ -1,0 +1,104 @@
+"""Run the whole suite as three pytest processes side by side, so `make test` uses both cores.
+
+    python tests/run_lanes.py              # the three lanes
+    python tests/run_lanes.py ARGS...      # one plain pytest run with ARGS (a file, -k, -m ...)
+
+The suite's time is mostly integration scenarios that wait (a hang to be named, a restart to
+rebuild its state) while a job or a load generator runs. The lanes are:
+
+- ``jobs``: the tests that run real torchrun jobs (marker ``torchrun``). Their ranks compute on
+  every core and their detection is judged on the job's own timings, so this lane runs at normal
+  priority and is the only one that starts jobs.
+- ``faults``: the other integration tests (processor kills and restarts, SASL, replays), which wait
+  on processors and brokers far more than they compute. Normal priority: their restart deadlines
+  are measured.
+- ``units``: everything else (unit, store, dashboard and browser tests). CPU-bound and with no
+  timing of their own, at lower priority (nice 10), so they take the cores the other lanes leave
+  idle instead of slowing the jobs they judge.
+
+Each lane is its own pytest session with its own broker (tests/conftest.py) and its own topics
+and stores, so no lane sees another's messages. Each lane's output is printed whole when it ends;
+while they run a line a minute says where each stands. The exit status is non-zero if any lane
+fails (or collects no test).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]
+
+
+@dataclass(frozen=True)
+class Lane:
+    name: str
+    args: tuple[str, ...]
+    nice: int = 0
+
+
+LANES = (
+    Lane("jobs", ("-m", "torchrun", "tests")),
+    Lane("faults", ("-m", "not torchrun", "tests/integration")),
+    Lane("units", ("-m", "not torchrun", "tests", "--ignore=tests/integration"), nice=10),
+)
+
+
+def last_line(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - 400))
+            lines = [s for s in f.read().decode(errors="replace").splitlines() if s.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip()[-100:] if lines else ""
+
+
+def run_lanes(lanes: tuple[Lane, ...] = LANES, report_every_s: float = 60.0) -> int:
+    logs = Path(tempfile.mkdtemp(prefix="rankscope-lanes-"))
+    t0 = time.monotonic()
+    procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+    for lane in lanes:
+        log = logs / f"{lane.name}.log"
+        def lower(n: int = lane.nice) -> None:
+            os.nice(n)
+        procs[lane.name] = (subprocess.Popen([*PYTEST, *lane.args], cwd=REPO, stdout=open(log, "wb"),
+                                             stderr=subprocess.STDOUT, preexec_fn=lower if lane.nice else None),
+                            log)
+    print(f"lanes {', '.join(procs)} started; their logs: {logs}", flush=True)
+    results: dict[str, tuple[int, float]] = {}
+    next_report = t0 + report_every_s
+    while len(results) < len(procs):
+        for name, (proc, log) in procs.items():
+            if name not in results and proc.poll() is not None:
+                results[name] = (proc.returncode, time.monotonic() - t0)
+                print(f"\n===== lane {name}: exit {proc.returncode} after {results[name][1]:.0f} s =====", flush=True)
+                sys.stdout.write(log.read_text(errors="replace"))
+                sys.stdout.flush()
+        if time.monotonic() >= next_report and len(results) < len(procs):
+            running = [f"{n}: {last_line(log)}" for n, (_, log) in procs.items() if n not in results]
+            print(f"[{time.monotonic() - t0:.0f} s] " + " | ".join(running), flush=True)
+            next_report += report_every_s
+        time.sleep(1.0)
+    wall = time.monotonic() - t0
+    print("\n===== lanes =====")
+    for name, (rc, at) in results.items():
+        print(f"{name:8s} exit {rc}  ended at {at:.0f} s  {last_line(procs[name][1])}")
+    print(f"whole suite: {wall:.0f} s ({wall / 60:.1f} min) of test time", flush=True)
+    return 0 if all(rc == 0 for rc, _ in results.values()) else 1
+
+
+def main(argv: list[str]) -> int:
+    if argv:
+        return subprocess.call([*PYTEST, *argv], cwd=REPO)
+    return run_lanes()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
