@@ -19,8 +19,9 @@ import msgpack
 from rankscope.consuming import open_consumer
 from rankscope.kafka_client import FirstFailureOnly, failure_kind
 from rankscope.producers.untraced import leave_profiler
+from rankscope.protocol.envelope import decode
+from rankscope.protocol.errors import WireError
 from rankscope.protocol.trace import CommandError
-from rankscope.wire import WireError, decode
 
 log = logging.getLogger("rankscope.control")
 _librdkafka_log = logging.getLogger("rankscope.librdkafka")

@@ -16,6 +16,8 @@ from typing import Any
 
 from rankscope.protocol.alerts import Alert
 from rankscope.protocol.deadletter import DeadLetter
+from rankscope.protocol.envelope import Envelope, decode, split_beat
+from rankscope.protocol.errors import WireError
 from rankscope.storage.columns import (
     HI,
     HI32,
@@ -46,7 +48,6 @@ from rankscope.storage.rows import (
     trace_columns,
 )
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, WireError, decode, split_beat
 
 # Kinds the sink stores; other valid kinds on its topics are counted as skipped.
 STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", "summary", "flight", "fr_dump",

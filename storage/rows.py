@@ -1,6 +1,6 @@
 """Messages to rows: pure functions from one decoded message to the rows of the store's tables.
 
-Each validates what :func:`rankscope.wire.decode` leaves unchecked (value ranges, the shapes inside
+Each validates what :func:`rankscope.protocol.envelope.decode` leaves unchecked (value ranges, the shapes inside
 a body) and raises :class:`~rankscope.storage.columns.InvalidMessage` before it appends anything. No Kafka
 and no store here (storage/convert.py applies them to a batch, storage/sink.py consumes).
 """
@@ -17,6 +17,10 @@ from typing import Any
 from rankscope.protocol import profile
 from rankscope.protocol.alerts import Alert
 from rankscope.protocol.deadletter import DeadLetter
+from rankscope.protocol.envelope import Envelope
+from rankscope.protocol.errors import WireError
+from rankscope.protocol.trace_rows import decode_chunk
+from rankscope.protocol.trace_summary import decode_summary
 from rankscope.storage.columns import (
     HI,
     HI32,
@@ -33,8 +37,6 @@ from rankscope.storage.columns import (
     int_field,
     str_field,
 )
-from rankscope.trace_wire import decode_chunk, decode_summary
-from rankscope.wire import Envelope, WireError
 
 
 def steps_columns(env: Envelope, out: Columns) -> int:
@@ -265,7 +267,7 @@ def _int_list(values: Any, name: str, n: int, bounds: tuple[int, int] = I64) -> 
 
 
 def trace_columns(env: Envelope, out: Columns) -> int:
-    """A ``trace`` chunk -> ``trace_events`` rows (:func:`rankscope.trace_wire.decode_chunk`
+    """A ``trace`` chunk -> ``trace_events`` rows (:func:`rankscope.protocol.trace_rows.decode_chunk`
     validates it whole first, so a bad chunk adds nothing). Returns the row count."""
     try:
         c = decode_chunk(env.body)

@@ -30,7 +30,8 @@ from collections import deque
 from typing import Any
 
 from rankscope.last_arrivals import Step, latest_horizon
-from rankscope.wire import Envelope, WireError
+from rankscope.protocol.envelope import Envelope
+from rankscope.protocol.errors import WireError
 
 ARRIVAL_STEPS = 128        # passed steps per shard summary (about 3 KB)
 MAX_PENDING_STEPS = 2048   # steps a shard or the ledger holds while a rank lags behind

@@ -30,7 +30,8 @@ from typing import Any
 
 from rankscope.last_arrivals import Step
 from rankscope.protocol.collectives import lateness, records
-from rankscope.wire import Envelope, WireError
+from rankscope.protocol.envelope import Envelope
+from rankscope.protocol.errors import WireError
 
 COLL_ROWS = 128            # passed collectives per group per shard summary (~5 KB)
 MAX_SUMMARY_GROUPS = 4     # groups per shard summary (those with the most members first)

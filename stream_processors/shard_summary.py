@@ -7,7 +7,7 @@ the lowest steps, the slowest, the silent, the crashed; every rank when there ar
 shard's first failures (ranks that exited with an exception or a signal), the first few with
 their tracebacks, and the newest profile digests of ranks whose profile changed. Its size
 is bounded whatever the job size (:data:`MAX_SUMMARY_BYTES`); :meth:`ShardSummary.from_body`
-validates at the boundary and raises :class:`~rankscope.wire.WireError`.
+validates at the boundary and raises :class:`~rankscope.protocol.errors.WireError`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from rankscope.protocol.errors import WireError
 from rankscope.stream_processors import profile_digest
-from rankscope.wire import WireError
 
 MAX_SUMMARY_BYTES = 60_000
 HIST_BINS_PER_OCTAVE = 16

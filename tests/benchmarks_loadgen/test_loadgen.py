@@ -12,10 +12,10 @@ from confluent_kafka import Consumer, TopicPartition
 
 from benchmarks.loadgen import HANG_FRAMES, WAIT_FRAMES, LoadConfig, run
 from rankscope.config import Settings
+from rankscope.protocol.envelope import Envelope, decode, rank_key
 from rankscope.storage.columns import TABLE_COLUMNS, Columns
 from rankscope.storage.rows import hw_columns_checked
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, decode, rank_key
 
 pytestmark = pytest.mark.kafka
 

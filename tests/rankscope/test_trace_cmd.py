@@ -13,8 +13,8 @@ from confluent_kafka import Producer
 
 from rankscope.admin import delete_topics
 from rankscope.config import Settings
+from rankscope.protocol.envelope import Envelope, encode
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode
 
 pytestmark = pytest.mark.kafka
 

@@ -18,12 +18,12 @@ import pytest
 from rankscope.config import Settings
 from rankscope.protocol.alerts import Alert
 from rankscope.protocol.deadletter import DeadLetter
+from rankscope.protocol.envelope import Envelope, decode, encode
 from rankscope.storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
 from rankscope.storage.rows import hw_columns, merge_rank, steps_columns, summary_columns, trace_columns
 from rankscope.storage.sink import RetryPolicy, Sink
 from rankscope.storage.store import Store, StoreError, close_store, open_store
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, decode, encode
 
 DEADLINE_S = 60.0
 T0 = (time.time_ns() // 10**9 - 3600) * 10**9  # an hour ago: inside the tables' TTLs
@@ -170,8 +170,8 @@ def _trace_window(compact_paths: bool = True) -> tuple[list[bytes], bytes]:
 
 
 def test_trace_and_summary_rows() -> None:
-    from rankscope.trace_wire import chunk_columns
-    from rankscope.wire import decode
+    from rankscope.protocol.envelope import decode
+    from rankscope.protocol.trace_rows import chunk_columns
 
     traces, summary = _trace_window()
     assert len(traces) > 1  # self-contained chunks, each with its own tables
@@ -236,8 +236,9 @@ def test_trace_and_summary_rows() -> None:
 def test_list_form_trace_chunks_give_the_same_rows() -> None:
     """Chunks with int-list columns and a full attrs list (what ranks sent before packed columns)
     are still stored, row for row as the packed form; a packed chunk whose count disagrees is refused."""
-    from rankscope.trace_wire import WIRE_INT_COLUMNS, chunk_columns
-    from rankscope.wire import decode
+    from rankscope.protocol.envelope import decode
+    from rankscope.protocol.trace_events import WIRE_INT_COLUMNS
+    from rankscope.protocol.trace_rows import chunk_columns
 
     traces, _ = _trace_window()
     packed, listed = Columns(TABLE_COLUMNS["trace_events"]), Columns(TABLE_COLUMNS["trace_events"])
@@ -263,7 +264,7 @@ def test_list_form_trace_chunks_give_the_same_rows() -> None:
 
 @pytest.mark.clickhouse
 def test_trace_and_summary_rows_insert_into_chdb(tmp_path: Path) -> None:
-    from rankscope.wire import decode
+    from rankscope.protocol.envelope import decode
 
     traces, summary = _trace_window()
     tables = {t: Columns(TABLE_COLUMNS[t]) for t in ("trace_events", "function_summaries", "trace_windows")}

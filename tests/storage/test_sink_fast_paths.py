@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from rankscope.protocol.envelope import Envelope, encode
 from rankscope.storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
 from rankscope.storage.convert import Batch, RowBuilder
 from rankscope.storage.rows import hw_columns, hw_columns_checked, stats_rows, stats_tuples
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode
 
 
 def _env(kind: str, body: dict[str, Any]) -> Envelope:
