@@ -36,7 +36,6 @@ from rankscope.storage.rows import (
     fr_dump_row,
     heartbeat_row,
     hw_columns,
-    hw_columns_fast,
     merge_job,
     merge_rank,
     new_rank,
@@ -124,11 +123,7 @@ class RowBuilder:
                 for part in split_beat(env):
                     self._store(part, batch)
         elif kind == "hw":
-            n = hw_columns_fast(env, batch.table("hw_samples"))
-            if n is None:
-                self._store(env, batch)
-            else:
-                batch.rows += n
+            batch.rows += hw_columns(env, batch.table("hw_samples"))
         elif kind == "stats":
             rows = stats_tuples(env)
             batch.table("worker_stats").add_tuples(rows)

@@ -13,6 +13,7 @@ from typing import Any
 
 from rankscope.config import Settings
 from rankscope.protocol.envelope import Envelope
+from rankscope.protocol.shard import MAX_SUMMARY_BYTES
 from rankscope.rank_states import DEAD, RUNNING, WAITING, exited_state
 from rankscope.stream_processors import profile_digest
 from rankscope.stream_processors.analysis.outliers import peer_z
@@ -20,7 +21,6 @@ from rankscope.stream_processors.arrivals import ShardArrivals
 from rankscope.stream_processors.collective_arrivals import ShardCollectives
 from rankscope.stream_processors.rank_state import RankState, fold
 from rankscope.stream_processors.shard_summary import (
-    MAX_SUMMARY_BYTES,
     Failure,
     Row,
     ShardSummary,

@@ -1,4 +1,4 @@
-"""Field checks the kinds' validators share: presence, exact type (a bool is not an int), Int64 range.
+"""Field checks the kinds' validators share: presence, exact type (a bool is not an int), integer range.
 Each raises WireError("bad_body") naming the field (``kind.field``)."""
 
 from __future__ import annotations
@@ -43,12 +43,19 @@ def list_or_none(kind: str, body: dict[str, Any], name: str) -> list[Any] | None
     return value
 
 
-def int_field(value: Any, name: str) -> int:
-    """``value``, an int in the Int64 range."""
+def int_field(value: Any, name: str, bounds: tuple[int, int] = I64) -> int:
+    """``value``, an int within ``bounds``."""
     if type(value) is not int:
         raise bad_body(f"{name} is {type(value).__name__}, expected int")
-    if not I64[0] <= value <= I64[1]:
-        raise bad_body(f"{name}={value} out of range {I64}")
+    if not bounds[0] <= value <= bounds[1]:
+        raise bad_body(f"{name}={value} out of range {bounds}")
+    return value
+
+
+def number_field(value: Any, name: str) -> float:
+    """``value``, an int or a float."""
+    if type(value) is not float and type(value) is not int:
+        raise bad_body(f"{name} is {type(value).__name__}, expected number")
     return value
 
 

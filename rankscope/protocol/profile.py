@@ -120,10 +120,14 @@ def from_validated(body: dict[str, Any]) -> ProfileBody:
 
 def rows(p: ProfileBody) -> list[tuple[str, str, int]]:
     """(role, ``"root;...;leaf"``, count) for each row, and ``(role, "", other)`` for each role's
-    samples left out, of a validated body. Raises ValueError on a call path deeper than MAX_DEPTH."""
+    samples left out, of a validated body. Raises WireError (``bad_body``) on a call path deeper than
+    MAX_DEPTH."""
     from rankscope.call_paths import valid_leaf_strings
 
-    strings = valid_leaf_strings(p.names, p.paths, set(p.path), max_depth=MAX_DEPTH)
+    try:
+        strings = valid_leaf_strings(p.names, p.paths, set(p.path), max_depth=MAX_DEPTH)
+    except ValueError as e:
+        raise bad_body(str(e)) from None
     roles = p.roles
     out = [(roles[r], strings[pid], c) for pid, r, c in zip(p.path, p.role, p.count, strict=True)]
     out.extend((role, "", c) for role, c in zip(p.roles, p.other, strict=True) if c > 0)

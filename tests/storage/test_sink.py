@@ -19,6 +19,8 @@ from rankscope.config import Settings
 from rankscope.protocol.alerts import Alert
 from rankscope.protocol.deadletter import DeadLetter
 from rankscope.protocol.envelope import Envelope, decode, encode
+from rankscope.protocol.errors import WireError
+from rankscope.protocol.hardware import check_hw
 from rankscope.storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
 from rankscope.storage.rows import hw_columns, merge_rank, steps_columns, summary_columns, trace_columns
 from rankscope.storage.sink import RetryPolicy, Sink
@@ -60,9 +62,10 @@ def beat_msg(steps: Envelope, hb: Envelope) -> bytes:
 
 
 def flight_msg(rank: int, seq: int, sent_ns: int, steps: list, job: str = "job-a") -> bytes:
-    return encode(env("flight", {"steps": steps, "stacks": [{"thread": "MainThread", "frames": ["train.py:56 hang"]}],
-                                 "reason": "alert job-a:hang:1", "request_id": "flight-1"},
-                      job=job, rank=rank, seq=seq, sent_ns=sent_ns))
+    """A flight record, packed without encode's check: the test sends a bad one too."""
+    return msgpack.packb(env("flight", {"steps": steps, "stacks": [{"thread": "MainThread", "frames": ["train.py:56 hang"]}],
+                                        "reason": "alert job-a:hang:1", "request_id": "flight-1"},
+                             job=job, rank=rank, seq=seq, sent_ns=sent_ns).to_dict(), use_bin_type=True)
 
 
 def exit_msg(rank: int, step: int, seq: int, sent_ns: int, job: str = "job-a") -> bytes:
@@ -122,8 +125,8 @@ def test_hw_columns_long_format_skips_none() -> None:
     hw_columns(env("hw", {"ts_ns": [1, 2], "device": [0, 0], "metrics": {"util": [1, None], "mem": [3, 4]}}), cols)
     assert sorted(zip(cols.data["ts_ns"], cols.data["metric"], cols.data["value"], strict=True)) == [
         (1, "mem", 3.0), (1, "util", 1.0), (2, "mem", 4.0)]
-    with pytest.raises(InvalidMessage):
-        hw_columns(env("hw", {"ts_ns": [1], "device": [0], "metrics": {"util": [1, 2]}}), cols)
+    with pytest.raises(WireError, match="must be a list of 1 values"):
+        check_hw({"ts_ns": [1], "device": [0], "metrics": {"util": [1, 2]}})
 
 
 def test_merge_rank_carries_fields_forward_and_detects_restart() -> None:
