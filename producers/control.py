@@ -148,7 +148,7 @@ class ControlListener:
             if env.kind in ("ack", "flight"):
                 return  # replies that older ranks send on the control topic: not commands
             if env.kind != "control":
-                raise WireError("bad_body", f"kind {env.kind!r} on the control topic")
+                raise WireError("unexpected_kind", f"{env.kind!r} on the control topic; expected ['control']")
         except WireError as e:
             rid = _request_id_of(payload)
             if rid is not None and _job_of(payload) in (self.job, None):

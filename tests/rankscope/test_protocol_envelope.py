@@ -123,3 +123,14 @@ def test_each_kinds_body_is_checked(kind, body):
     with pytest.raises(WireError) as ei:
         decode(msgpack.packb({**env(kind, body).to_dict()}))
     assert ei.value.reason == "bad_body"
+
+
+def test_decode_needs_nothing_but_the_standard_library_and_msgpack():
+    # The rank side decodes; trace_rows.py (numpy) is imported only by those that read trace events.
+    import subprocess
+    import sys
+
+    code = ("import sys, msgpack; before = set(sys.modules); import rankscope.protocol.envelope; "
+            "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['rankscope']", out.stdout
