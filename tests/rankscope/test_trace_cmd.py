@@ -21,7 +21,9 @@ pytestmark = pytest.mark.kafka
 
 def test_missing_replies_topic_is_named(fresh_topics: Settings) -> None:
     stats = Envelope(kind="stats", job="job-r", rank=-1, host="h", pid=1, seq=1, sent_ns=time.time_ns(),
-                     body={"ranks": [{"rank": 0}, {"rank": 1}]})
+                     body={"ranks": [{"rank": r, "ts_ns": 1, "step": 5, "window_steps": 5, "median_step_ns": 10,
+                                      "p95_step_ns": 12, "median_busy_ns": 8, "median_comm_ns": 2, "busy_z": 0.0,
+                                      "state": "running"} for r in (0, 1)]})
     producer = Producer({"bootstrap.servers": fresh_topics.bootstrap})
     producer.produce(Topic.STATS.name_for(fresh_topics), key=b"job-r", value=encode(stats))
     assert producer.flush(10) == 0
