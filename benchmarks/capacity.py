@@ -187,8 +187,8 @@ def collective_fold_us(per_beat: int, ranks: int = 256, beats: int = 40) -> floa
     ``per_beat`` collective records of one group, in-process: what the collective records add to
     the ``w1_cpu_us_per_msg`` measured above."""
     from rankscope.config import Settings
+    from rankscope.protocol.envelope import Envelope, decode, encode
     from rankscope.stream_processors.shard import ShardJob
-    from rankscope.wire import Envelope, decode, encode
 
     settings = Settings()
     job = ShardJob("bench", 0)

@@ -232,7 +232,7 @@ def encode_and_produce(settings: Settings) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     from rankscope.producers.trace_events import chunk, extract_raw, summarize, summary_body, to_columnar
-    from rankscope.wire import Envelope, encode
+    from rankscope.protocol.envelope import Envelope, encode
 
     one = extract_raw(_record_window())
     raw = _tile(one, max(1, 200_000 // len(one)))

@@ -80,7 +80,7 @@ def _process_group(device: str) -> Any:
 
 def _collectives_sent(messages: list[bytes]) -> dict[str, Any]:
     """What the beats carried of the rank's collectives (their ``coll`` field)."""
-    from rankscope.wire import decode
+    from rankscope.protocol.envelope import decode
 
     n = 0
     durations: list[int] = []

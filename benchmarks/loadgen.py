@@ -6,7 +6,7 @@ A few processes (``--procs``), each simulating a contiguous block of ranks with 
 producer (linger ``--linger-ms``, lz4 or zstd), send what a job of that size sends:
 
 - wire v2 (default): one ``beat`` per rank per heartbeat period on the steps topic, keyed
-  :func:`rankscope.wire.rank_key`: the step records since the last beat (columnar) plus the
+  :func:`rankscope.protocol.envelope.rank_key`: the step records since the last beat (columnar) plus the
   heartbeat fields; v1: a ``steps`` message (when there are new steps) and a ``heartbeat`` message,
   envelope ``v=1``, keyed by job (what ranks sent before schema version 2);
 - one ``hw`` sample per rank per second on the hw topic (keyed by rank) with the metrics a rank of a
@@ -68,8 +68,8 @@ from msgpack import packb as _packb
 
 from rankscope.config import Settings
 from rankscope.kafka_client import client_conf
+from rankscope.protocol.envelope import Envelope, encode, rank_key
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode, rank_key
 
 NEVER = 2**62
 HANG_FRAMES = ["train.py:88 <module>", "train.py:64 main", "train.py:20 hang_forever"]

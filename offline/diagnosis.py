@@ -3,7 +3,7 @@
 1. each rank's events are summarised by the ranks' own summarizer (``rankscope.producers.trace_events``:
    :func:`rank_summary` runs it on a recorded trace, as ``rankscope replay`` does before shipping
    the summary);
-2. the summary body goes through the wire codec (:func:`rankscope.wire.encode` / ``decode``), as a
+2. the summary body goes through the wire codec (:func:`rankscope.protocol.envelope.encode` / ``decode``), as a
    live summary does on its way through Kafka;
 3. :func:`diagnose_summaries` turns the bodies into frames (``summaries.summary_frames``) and the
    report (``diagnosis.report_from_frames``), the live window collector's shared analyzers.
@@ -18,9 +18,9 @@ import pandas as pd
 
 from rankscope.offline.kineto import Trace
 from rankscope.offline.replay import epoch_base_ns, event_dicts
+from rankscope.protocol.envelope import Envelope, decode, encode
 from rankscope.stream_processors.analysis.diagnosis import report_from_frames
 from rankscope.stream_processors.analysis.summaries import summary_frames
-from rankscope.wire import Envelope, decode, encode
 
 __all__ = ["OFFLINE_WINDOW", "diagnose_summaries", "rank_summary"]
 

@@ -19,8 +19,9 @@ import msgpack
 from rankscope.consuming import open_consumer
 from rankscope.kafka_client import FirstFailureOnly, failure_kind
 from rankscope.producers.untraced import leave_profiler
+from rankscope.protocol.envelope import decode
+from rankscope.protocol.errors import WireError
 from rankscope.protocol.trace import CommandError
-from rankscope.wire import WireError, decode
 
 log = logging.getLogger("rankscope.control")
 _librdkafka_log = logging.getLogger("rankscope.librdkafka")
@@ -147,7 +148,7 @@ class ControlListener:
             if env.kind in ("ack", "flight"):
                 return  # replies that older ranks send on the control topic: not commands
             if env.kind != "control":
-                raise WireError("bad_body", f"kind {env.kind!r} on the control topic")
+                raise WireError("unexpected_kind", f"{env.kind!r} on the control topic; expected ['control']")
         except WireError as e:
             rid = _request_id_of(payload)
             if rid is not None and _job_of(payload) in (self.job, None):

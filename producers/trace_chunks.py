@@ -13,7 +13,7 @@ from rankscope.producers.categories import (
     CATEGORIES,
 )
 from rankscope.producers.trace_columnar import EVENT_COLUMNS, TIER_OF_CATEGORY
-from rankscope.trace_wire import WIRE_INT_COLUMNS
+from rankscope.protocol.trace_events import WIRE_INT_COLUMNS
 
 
 def _tiers(col: dict[str, Any]) -> np.ndarray:

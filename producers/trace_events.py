@@ -53,4 +53,6 @@ from rankscope.producers.trace_summary import (  # noqa: F401
     group_stats,
     summarize,
 )
-from rankscope.trace_wire import WIRE_INT_COLUMNS, chunk_columns, summary_body  # noqa: F401
+from rankscope.protocol.trace_events import WIRE_INT_COLUMNS  # noqa: F401
+from rankscope.protocol.trace_rows import chunk_columns  # noqa: F401
+from rankscope.protocol.trace_summary import summary_body  # noqa: F401

@@ -54,9 +54,9 @@ from rankscope.producers.stacks import MAX_FRAMES, all_thread_stacks, frame_labe
 from rankscope.producers.trace_window import WindowController
 from rankscope.producers.transport import Transport
 from rankscope.producers.untraced import leave_profiler
+from rankscope.protocol.envelope import Envelope, encode
+from rankscope.protocol.envelope import rank_key as steps_key
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode
-from rankscope.wire import rank_key as steps_key
 
 log = logging.getLogger("rankscope.tracer")
 

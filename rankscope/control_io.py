@@ -14,8 +14,9 @@ from typing import Any
 from rankscope.config import Settings
 from rankscope.consuming import one_off_group, open_consumer
 from rankscope.kafka_client import client_conf
+from rankscope.protocol.envelope import Envelope, decode
+from rankscope.protocol.errors import WireError
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, WireError, decode
 
 
 def known_ranks(settings: Settings, job: str, timeout_s: float = 5.0) -> dict[str, list[int]]:

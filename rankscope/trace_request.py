@@ -15,9 +15,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankscope.protocol.envelope import Envelope, encode
 from rankscope.protocol.trace import MAX_BYTE_BUDGET, MAX_EVERY_S, MAX_EVERY_STEPS, MAX_STEPS
 from rankscope.trace_start import START_LEAD_NS, plan_start_step, steps_per_period
-from rankscope.wire import Envelope, encode
 
 MODES = ("once", "every_s", "every_steps", "continuous")
 MODE_LABELS = {"once": "once", "every_s": "every N seconds", "every_steps": "every K steps",

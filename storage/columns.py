@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from rankscope.wire import WireError
+from rankscope.protocol.errors import WireError
 
 I64 = (-(2**63), 2**63 - 1)
 I32 = (-(2**31), 2**31 - 1)
@@ -59,7 +59,7 @@ TABLE_ORDER = (*TABLE_COLUMNS, "ranks", "jobs")
 
 
 class InvalidMessage(WireError):
-    """A message the sink cannot store: a :class:`~rankscope.wire.WireError` found past ``decode``
+    """A message the sink cannot store: a :class:`~rankscope.protocol.errors.WireError` found past ``decode``
     (a value out of its column's range, a bad report or alert). ``reason`` is the short code written
     to the dead letter, ``detail`` what was wrong."""
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from rankscope.protocol.alerts import Alert
 from rankscope.protocol.deadletter import DeadLetter
+from rankscope.protocol.envelope import Envelope, decode, split_beat
+from rankscope.protocol.errors import WireError
 from rankscope.storage.columns import (
     HI,
     HI32,
@@ -34,7 +36,6 @@ from rankscope.storage.rows import (
     fr_dump_row,
     heartbeat_row,
     hw_columns,
-    hw_columns_fast,
     merge_job,
     merge_rank,
     new_rank,
@@ -46,7 +47,6 @@ from rankscope.storage.rows import (
     trace_columns,
 )
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, WireError, decode, split_beat
 
 # Kinds the sink stores; other valid kinds on its topics are counted as skipped.
 STORED_KINDS = frozenset({"steps", "heartbeat", "exit", "stats", "hw", "trace", "summary", "flight", "fr_dump",
@@ -123,11 +123,7 @@ class RowBuilder:
                 for part in split_beat(env):
                     self._store(part, batch)
         elif kind == "hw":
-            n = hw_columns_fast(env, batch.table("hw_samples"))
-            if n is None:
-                self._store(env, batch)
-            else:
-                batch.rows += n
+            batch.rows += hw_columns(env, batch.table("hw_samples"))
         elif kind == "stats":
             rows = stats_tuples(env)
             batch.table("worker_stats").add_tuples(rows)

@@ -1,6 +1,6 @@
 """Messages to rows: pure functions from one decoded message to the rows of the store's tables.
 
-Each validates what :func:`rankscope.wire.decode` leaves unchecked (value ranges, the shapes inside
+Each validates what :func:`rankscope.protocol.envelope.decode` leaves unchecked (value ranges, the shapes inside
 a body) and raises :class:`~rankscope.storage.columns.InvalidMessage` before it appends anything. No Kafka
 and no store here (storage/convert.py applies them to a batch, storage/sink.py consumes).
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from itertools import chain, compress, repeat
 from operator import is_not
 from typing import Any
@@ -17,13 +16,15 @@ from typing import Any
 from rankscope.protocol import profile
 from rankscope.protocol.alerts import Alert
 from rankscope.protocol.deadletter import DeadLetter
+from rankscope.protocol.envelope import Envelope
+from rankscope.protocol.errors import WireError
+from rankscope.protocol.flight import dump_of
+from rankscope.protocol.trace_rows import decode_chunk
+from rankscope.protocol.trace_summary import decode_summary
 from rankscope.storage.columns import (
     HI,
-    HI32,
     I32,
-    I64,
     LO,
-    LO32,
     TABLE_COLUMNS,
     U32,
     Columns,
@@ -33,8 +34,6 @@ from rankscope.storage.columns import (
     int_field,
     str_field,
 )
-from rankscope.trace_wire import decode_chunk, decode_summary
-from rankscope.wire import Envelope, WireError
 
 
 def steps_columns(env: Envelope, out: Columns) -> int:
@@ -72,7 +71,7 @@ def heartbeat_row(env: Envelope) -> dict[str, Any]:
 
 def flight_row(env: Envelope) -> dict[str, Any]:
     b = env.body
-    steps = [_int_list(r, "flight.steps[]", len(r) if isinstance(r, list) else -1) for r in b["steps"]]
+    steps = b["steps"]
     stacks = b["stacks"]
     return {"job": env.job, "rank": env.rank, "ts_ns": env.sent_ns, "request_id": str(b.get("request_id", "")),
             "reason": b["reason"], "host": env.host, "pid": env.pid, "steps": json.dumps(steps, separators=(",", ":")),
@@ -80,14 +79,13 @@ def flight_row(env: Envelope) -> dict[str, Any]:
 
 
 def fr_dump_row(env: Envelope) -> dict[str, Any]:
-    """A rank's Flight Recorder dump; its JSON must parse to an object with ``entries``."""
+    """A rank's Flight Recorder dump; its JSON must parse to an object with ``entries``
+    (:func:`rankscope.protocol.flight.dump_of`)."""
     b = env.body
     try:
-        dump = json.loads(b["dump"])
-    except ValueError as e:
-        raise InvalidMessage("bad_body", f"fr_dump.dump is not JSON: {e}") from None
-    if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
-        raise InvalidMessage("bad_body", "fr_dump.dump has no entries list")
+        dump_of(b)
+    except WireError as e:
+        raise InvalidMessage(e.reason, e.detail) from None
     return {"job": env.job, "rank": env.rank, "ts_ns": env.sent_ns, "request_id": b["request_id"][:200],
             "reason": b["reason"][:200], "host": env.host, "pid": env.pid, "truncated": int(b["truncated"]),
             "dump": b["dump"]}
@@ -99,8 +97,8 @@ def profile_columns(env: Envelope, out: Columns) -> int:
     the rows added."""
     try:
         rows = profile.rows(profile.from_validated(env.body))
-    except ValueError as e:
-        raise InvalidMessage("bad_body", str(e)) from None
+    except WireError as e:
+        raise InvalidMessage(e.reason, e.detail) from None
     b = env.body
     t0, dt, hz = b["t0_ns"], b["t1_ns"] - b["t0_ns"], float(b["hz"])
     int_field(t0, "profile.t0_ns")
@@ -110,119 +108,35 @@ def profile_columns(env: Envelope, out: Columns) -> int:
     return len(rows)
 
 
-STATS_FIELDS: dict[str, Callable[[Any, str], Any]] = {
-    "rank": lambda v, n: int_field(v, n, I32), "ts_ns": int_field, "step": int_field,
-    "window_steps": lambda v, n: int_field(v, n, I32), "median_step_ns": int_field, "p95_step_ns": int_field,
-    "median_busy_ns": int_field, "median_comm_ns": int_field, "busy_z": float_field, "state": str_field,
-}
-
-
 def stats_tuples(env: Envelope) -> list[tuple[Any, ...]]:
-    """The ``worker_stats`` rows of a ``stats`` message as tuples in column order. Raises
-    InvalidMessage (via :func:`stats_rows`) exactly as that does; the whole message or nothing."""
+    """The ``worker_stats`` rows of a decoded ``stats`` message (rankscope/protocol/stats.py checked
+    it) as tuples in column order."""
     job = env.job
-    rows: list[tuple[Any, ...]] = []
-    for entry in env.body["ranks"]:
-        if type(entry) is not dict:
-            break
-        try:
-            r, ts, st, ws = entry["rank"], entry["ts_ns"], entry["step"], entry["window_steps"]
-            med, p95, mb, mc = entry["median_step_ns"], entry["p95_step_ns"], entry["median_busy_ns"], entry["median_comm_ns"]
-            bz, state = entry["busy_z"], entry["state"]
-        except KeyError:
-            break
-        tz = type(bz)
-        if not (type(r) is int and LO32 <= r <= HI32 and type(ts) is int and LO <= ts <= HI
-                and type(st) is int and LO <= st <= HI and type(ws) is int and LO32 <= ws <= HI32
-                and type(med) is int and LO <= med <= HI and type(p95) is int and LO <= p95 <= HI
-                and type(mb) is int and LO <= mb <= HI and type(mc) is int and LO <= mc <= HI
-                and (tz is float or tz is int) and type(state) is str):
-            break
-        rows.append((job, r, ts, st, ws, med, p95, mb, mc, float(bz), state))
-    else:
-        return rows
-    names = TABLE_COLUMNS["worker_stats"]
-    return [tuple([row[c] for c in names]) for row in stats_rows(env)]
-
-
-def stats_rows(env: Envelope) -> list[dict[str, Any]]:
-    rows = []
-    for i, entry in enumerate(env.body["ranks"]):
-        if not isinstance(entry, dict):
-            raise InvalidMessage("bad_body", f"stats.ranks[{i}] is {type(entry).__name__}")
-        row: dict[str, Any] = {"job": env.job}
-        for name, conv in STATS_FIELDS.items():
-            if name not in entry:
-                raise InvalidMessage("bad_body", f"stats.ranks[{i}].{name} missing")
-            row[name] = conv(entry[name], f"stats.ranks[{i}].{name}")
-        rows.append(row)
-    return rows
+    return [(job, e["rank"], e["ts_ns"], e["step"], e["window_steps"], e["median_step_ns"], e["p95_step_ns"],
+             e["median_busy_ns"], e["median_comm_ns"], float(e["busy_z"]), e["state"]) for e in env.body["ranks"]]
 
 
 def hw_columns(env: Envelope, out: Columns) -> int:
-    """Columnar samples -> long format, one row per (sample, metric); None values are skipped.
-    Returns the number of rows added."""
-    n = hw_columns_fast(env, out)
-    if n is None:   # something the fast path does not take: the checked path stores or rejects it
-        before = out.rows
-        hw_columns_checked(env, out)
-        return out.rows - before
-    return n
-
-
-_FLOAT_ONLY = frozenset((float,))
-_LIST_ONLY = frozenset((list,))
-_STR_ONLY = frozenset((str,))
-_INT_OR_FLOAT = frozenset((int, float))
-_NUMBERS_OR_NONE = frozenset((float, int, type(None)))
-
-
-def _flat_numbers(metrics: dict[Any, Any], n: int) -> tuple[list[Any], list[bool] | None] | None:
-    """Every metric's values, metric after metric, when every name is a string and every value list
-    holds ``n`` ints, floats or Nones: (the values, ints as floats; which ones are not None, or None
-    when all are); otherwise None."""
-    if not metrics or set(map(type, metrics.values())) != _LIST_ONLY or set(map(len, metrics.values())) != {n} \
-            or not set(map(type, metrics)) <= _STR_ONLY:
-        return None
-    flat = list(chain.from_iterable(metrics.values()))
-    types = set(map(type, flat))
-    if types <= _FLOAT_ONLY:
-        return flat, None
-    if types <= _INT_OR_FLOAT:
-        return list(map(float, flat)), None
-    if types <= _NUMBERS_OR_NONE:
-        keep = list(map(is_not, flat, repeat(None)))
-        return list(map(float, compress(flat, keep))), keep
-    return None
-
-
-def hw_columns_fast(env: Envelope, out: Columns) -> int | None:
-    """The ``hw_samples`` rows of a well-formed ``hw`` message appended to ``out`` column by column
-    (no row tuples: a Hopper rank's message makes ~100 rows), with their count; or None, appending
-    nothing, if anything needs a closer look (:func:`hw_columns_checked` then gives the exact rows or
-    the exact error). Rows come metric by metric, as the checked path makes them."""
+    """The ``hw_samples`` rows of a decoded ``hw`` message (rankscope/protocol/hardware.py checked it),
+    long format: one row per (sample, metric), metric by metric, nil values skipped. Appended column
+    by column (a Hopper rank's message makes ~100 rows); returns their count."""
     b = env.body
     ts, devices, metrics = b["ts_ns"], b["device"], b["metrics"]
-    n = len(ts)
-    if len(devices) != n or type(metrics) is not dict:
-        return None
-    for t in ts:
-        if type(t) is not int or not LO <= t <= HI:
-            return None
-    for d in devices:
-        if type(d) is not int or not LO32 <= d <= HI32:
-            return None
-    # Every metric a list of n numbers or Nones (NVML gives ints for memory sizes and error counts):
-    # checked, converted and appended in a few C-level passes over all the message's values.
-    flat_keep = _flat_numbers(metrics, n)
-    if flat_keep is None:
-        return None
-    flat, keep = flat_keep
-    m = len(metrics)
+    n, m = len(ts), len(metrics)
+    flat = list(chain.from_iterable(metrics.values()))
+    types = set(map(type, flat))
+    keep: list[bool] | None = None
+    if types <= _FLOAT_ONLY:
+        values = flat
+    elif type(None) not in types:
+        values = list(map(float, flat))
+    else:
+        keep = list(map(is_not, flat, repeat(None)))
+        values = list(map(float, compress(flat, keep)))
     metric_col = [name for name in metrics for _ in range(n)]
-    total = len(flat)
+    total = len(values)
     cols = out.data
-    cols["value"].extend(flat)
+    cols["value"].extend(values)
     if keep is None:
         cols["ts_ns"].extend(ts * m)
         cols["device"].extend(devices * m)
@@ -238,34 +152,11 @@ def hw_columns_fast(env: Envelope, out: Columns) -> int | None:
     return total
 
 
-def hw_columns_checked(env: Envelope, out: Columns) -> None:
-    b = env.body
-    ts, devices, metrics = b["ts_ns"], b["device"], b["metrics"]
-    n = len(ts)
-    if len(devices) != n:
-        raise InvalidMessage("bad_body", f"hw.device has {len(devices)} values, ts_ns has {n}")
-    ts = [int_field(t, "hw.ts_ns") for t in ts]
-    devices = [int_field(d, "hw.device", I32) for d in devices]
-    for name, values in metrics.items():
-        if not isinstance(name, str) or not isinstance(values, list) or len(values) != n:
-            raise InvalidMessage("bad_body", f"hw.metrics[{name!r}] must be a list of {n} values")
-        for t, d, v in zip(ts, devices, values, strict=True):
-            if v is not None:
-                out.add_row(job=env.job, rank=env.rank, host=env.host, device=d, ts_ns=t, metric=name,
-                            value=float_field(v, f"hw.metrics[{name!r}]"))
-
-
-def _int_list(values: Any, name: str, n: int, bounds: tuple[int, int] = I64) -> list[int]:
-    if not isinstance(values, list) or len(values) != n:
-        raise InvalidMessage("bad_body", f"{name} must be a list of {n} values")
-    if not all(type(v) is int for v in values):
-        raise InvalidMessage("bad_body", f"{name} holds a non-integer")
-    check_range(values, name, bounds)
-    return values
+_FLOAT_ONLY = frozenset((float,))
 
 
 def trace_columns(env: Envelope, out: Columns) -> int:
-    """A ``trace`` chunk -> ``trace_events`` rows (:func:`rankscope.trace_wire.decode_chunk`
+    """A ``trace`` chunk -> ``trace_events`` rows (:func:`rankscope.protocol.trace_rows.decode_chunk`
     validates it whole first, so a bad chunk adds nothing). Returns the row count."""
     try:
         c = decode_chunk(env.body)

@@ -199,7 +199,7 @@ CREATE TABLE IF NOT EXISTS {db}.trace_events
     step Int64,
     bytes Int64,
     attrs Map(LowCardinality(String), String),
-    -- Kineto's launch links (rankscope.trace_wire.launch_ids); -1: none, or sent by an older rank.
+    -- Kineto's launch links (rankscope.protocol.trace_rows.launch_ids); -1: none, or sent by an older rank.
     correlation Int64 DEFAULT -1,
     external_id Int64 DEFAULT -1
 )

@@ -4,7 +4,7 @@ Pipeline per message (snuba's strategy chain, in one thread)::
 
     poll -> decode/validate -> convert to rows -> batch -> insert all tables -> commit offsets
 
-- Decode: msgpack envelopes (:func:`rankscope.wire.decode`) on the steps, stats and hw topics, JSON
+- Decode: msgpack envelopes (:func:`rankscope.protocol.envelope.decode`) on the steps, stats and hw topics, JSON
   on the alerts (:meth:`Alert.from_json`) and deadletter (:meth:`DeadLetter.from_json`) topics. A
   message that fails is produced to the deadletter topic (``stage="sink"``), counted, and its offset
   is committed with the batch; the sink never stops on bad input.

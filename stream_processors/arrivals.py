@@ -30,10 +30,11 @@ from collections import deque
 from typing import Any
 
 from rankscope.last_arrivals import Step, latest_horizon
-from rankscope.wire import Envelope, WireError
+from rankscope.protocol.envelope import Envelope
+from rankscope.protocol.shard import MAX_ARRIVAL_ROWS
 
 ARRIVAL_STEPS = 128        # passed steps per shard summary (about 3 KB)
-MAX_PENDING_STEPS = 2048   # steps a shard or the ledger holds while a rank lags behind
+MAX_PENDING_STEPS = MAX_ARRIVAL_ROWS   # steps a shard or the ledger holds while a rank lags behind
 LEDGER_STEPS = 8192        # complete steps the ledger keeps
 
 
@@ -78,21 +79,6 @@ class ShardArrivals:
             a, r, d, a2 = self.tops[s]
             out.append([s, a, r, a - a2 if a2 >= 0 else -1, d])
         return out
-
-
-def parse_arrivals(agg: dict[str, Any]) -> list[tuple[int, int, int, int, int]]:
-    """The ``arrivals`` rows of a summary's ``agg``, validated; none when absent. Raises WireError."""
-    raw = agg.get("arrivals", [])
-    if not isinstance(raw, list) or len(raw) > MAX_PENDING_STEPS:
-        raise WireError("bad_body", "shard.agg.arrivals is not a list of at most 2048 rows")
-    out = []
-    for row in raw:
-        if not (isinstance(row, list) and len(row) == 5
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in row)):
-            raise WireError("bad_body", f"shard.agg.arrivals row {row!r} is not 5 integers")
-        s, a, r, gap, dur = row
-        out.append((s, a, r, gap, dur))
-    return out
 
 
 class ArrivalLedger:

@@ -30,14 +30,15 @@ from typing import Any
 
 from rankscope.last_arrivals import Step
 from rankscope.protocol.collectives import lateness, records
-from rankscope.wire import Envelope, WireError
+from rankscope.protocol.envelope import Envelope
+from rankscope.protocol.shard import MAX_COLL_GROUPS, MAX_COLL_MISMATCHES, MAX_COLL_ROWS
 
 COLL_ROWS = 128            # passed collectives per group per shard summary (~5 KB)
-MAX_SUMMARY_GROUPS = 4     # groups per shard summary (those with the most members first)
-MAX_PENDING = 4096         # collectives a shard or a ledger holds per group while a rank lags
+MAX_SUMMARY_GROUPS = MAX_COLL_GROUPS   # groups per shard summary (those with the most members first)
+MAX_PENDING = MAX_COLL_ROWS            # collectives a shard or a ledger holds per group while a rank lags
 LEDGER_ROWS = 8192
 MAX_BEHIND = 32
-MAX_MISMATCHES = 4
+MAX_MISMATCHES = MAX_COLL_MISMATCHES
 
 
 def label_crc(label: str) -> int:
@@ -150,28 +151,6 @@ class ShardCollectives:
                          "top_label": grp.labels.get(grp.majority(top), ""), "mismatches": split,
                          "labels": {str(c): grp.labels[c] for c in crcs if c in grp.labels}}
         return out
-
-
-def parse_coll(agg: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A shard summary's ``agg["coll"]``, validated; empty when absent. Raises WireError."""
-    raw = agg.get("coll", {})
-    if not isinstance(raw, dict) or len(raw) > MAX_SUMMARY_GROUPS:
-        raise WireError("bad_body", f"shard.agg.coll is not a map of at most {MAX_SUMMARY_GROUPS} groups")
-    for name, g in raw.items():
-        ok = (isinstance(name, str) and isinstance(g, dict)
-              and all(type(g.get(k)) is int for k in ("passed", "members", "size", "reached_max"))
-              and isinstance(g.get("rows"), list) and len(g["rows"]) <= MAX_PENDING
-              and all(isinstance(r, list) and len(r) == 6 and all(type(v) is int for v in r) for r in g["rows"])
-              and isinstance(g.get("lowest"), list)
-              and all(isinstance(x, list) and len(x) == 2 and all(type(v) is int for v in x) for x in g["lowest"])
-              and isinstance(g.get("mismatches"), list) and len(g["mismatches"]) <= MAX_MISMATCHES
-              and all(isinstance(m, list) and len(m) == 2 and type(m[0]) is int and isinstance(m[1], list)
-                      and all(isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v) for v in m[1])
-                      for m in g["mismatches"])
-              and isinstance(g.get("labels"), dict) and isinstance(g.get("top_label", ""), str))
-        if not ok:
-            raise WireError("bad_body", f"shard.agg.coll[{name!r}] has the wrong shape")
-    return raw
 
 
 class CollectiveLedger:

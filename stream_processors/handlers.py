@@ -26,12 +26,13 @@ from rankscope.clock import Clock
 from rankscope.config import Settings
 from rankscope.protocol.alerts import Alert
 from rankscope.protocol.deadletter import DeadLetter, DeadLetterCounter
+from rankscope.protocol.envelope import Envelope, decode
+from rankscope.protocol.errors import WireError
 from rankscope.stream_processors.report_alerts import ReportAlerts
 from rankscope.stream_processors.stages import EnvelopeEncoder, JobStage
 from rankscope.stream_processors.windows import WindowCollector
 from rankscope.topics import Topic
 from rankscope.trace_request import TraceRequest, control_body, plan
-from rankscope.wire import Envelope, WireError, decode
 
 log = logging.getLogger("rankscope.processors")
 

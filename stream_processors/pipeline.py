@@ -13,9 +13,9 @@ from typing import Any
 
 from rankscope.config import Settings
 from rankscope.protocol.alerts import Alert
+from rankscope.protocol.envelope import Envelope
 from rankscope.stream_processors.monitor import JobMonitor
 from rankscope.stream_processors.shard import ShardJob
-from rankscope.wire import Envelope
 
 
 class TwoStage:

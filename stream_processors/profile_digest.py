@@ -18,8 +18,9 @@ from typing import Any
 
 from rankscope.call_paths import departure, path_strings
 from rankscope.protocol.profile import ProfileBody
+from rankscope.protocol.shard import MAX_PROFILE_PATHS, check_profiles
 
-TOP_PATHS = 8              # call paths kept per rank
+TOP_PATHS = MAX_PROFILE_PATHS   # call paths kept per rank
 MAX_FRAMES = 12            # innermost frames kept per call path
 MAX_PACKED_CHARS = 12_000  # path text per shard summary; ranks past it wait for the next summary
 MIN_ADDED_SHARE = 0.02     # a call path is named when the slow ranks spend 2% of their time more in it
@@ -70,23 +71,11 @@ def pack(digests: Mapping[int, tuple[int, Shares]], max_chars: int = MAX_PACKED_
 
 
 def unpack(body: Any) -> dict[int, tuple[int, Shares]]:
-    """The digests of a summary's ``profiles``; ValueError when malformed."""
-    if not isinstance(body, dict) or not isinstance(body.get("names"), list) or not isinstance(body.get("ranks"), list):
-        raise ValueError("profiles must be {names: [...], ranks: [...]}")
+    """The digests of a summary's ``profiles``, checked (rankscope/protocol/shard.py
+    :func:`~rankscope.protocol.shard.check_profiles`: WireError, a ValueError, when malformed)."""
+    check_profiles(body)
     names = body["names"]
-    if not all(isinstance(n, str) for n in names):
-        raise ValueError("profiles.names holds a non-string")
-    out: dict[int, tuple[int, Shares]] = {}
-    for raw in body["ranks"]:
-        if not (isinstance(raw, list) and len(raw) == 4 and all(type(v) is int for v in raw[:2])
-                and isinstance(raw[2], list) and isinstance(raw[3], list) and len(raw[2]) == len(raw[3])
-                and len(raw[2]) <= TOP_PATHS):
-            raise ValueError("profiles.ranks entries are [rank, t1_ns, [path index, ...], [share per mille, ...]]")
-        if not all(type(i) is int and 0 <= i < len(names) for i in raw[2]) or \
-                not all(type(s) is int and 0 <= s <= 1000 for s in raw[3]):
-            raise ValueError("profiles.ranks holds an index outside names or a share outside 0..1000")
-        out[raw[0]] = (raw[1], {names[i]: s / 1000 for i, s in zip(raw[2], raw[3], strict=True)})
-    return out
+    return {raw[0]: (raw[1], {names[i]: s / 1000 for i, s in zip(raw[2], raw[3], strict=True)}) for raw in body["ranks"]}
 
 
 def above_peers(shares: Mapping[int, Shares], target: Sequence[int], k: int = NAMED_PATHS,

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankscope.wire import Envelope, split_beat
+from rankscope.protocol.envelope import Envelope, split_beat
 
 EXTRAPOLATION_CAP_S = 3.0   # a lagging processor extrapolates progress age by at most this much
 CRASH_REASONS = ("exception", "signal")

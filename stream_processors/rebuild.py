@@ -20,9 +20,10 @@ from confluent_kafka import TopicPartition
 from rankscope.config import Settings
 from rankscope.consuming import one_off_group, open_consumer
 from rankscope.protocol.alerts import Alert
+from rankscope.protocol.envelope import decode
+from rankscope.protocol.errors import WireError
 from rankscope.stream_processors.shard import ShardJob
 from rankscope.topics import Topic
-from rankscope.wire import WireError, decode
 
 log = logging.getLogger("rankscope.processors")
 READ_TIMEOUT_S = 60.0

@@ -12,6 +12,8 @@ import heapq
 from typing import Any
 
 from rankscope.config import Settings
+from rankscope.protocol.envelope import Envelope
+from rankscope.protocol.shard import MAX_SUMMARY_BYTES
 from rankscope.rank_states import DEAD, RUNNING, WAITING, exited_state
 from rankscope.stream_processors import profile_digest
 from rankscope.stream_processors.analysis.outliers import peer_z
@@ -19,7 +21,6 @@ from rankscope.stream_processors.arrivals import ShardArrivals
 from rankscope.stream_processors.collective_arrivals import ShardCollectives
 from rankscope.stream_processors.rank_state import RankState, fold
 from rankscope.stream_processors.shard_summary import (
-    MAX_SUMMARY_BYTES,
     Failure,
     Row,
     ShardSummary,
@@ -27,7 +28,6 @@ from rankscope.stream_processors.shard_summary import (
     hist_bin,
 )
 from rankscope.stream_processors.stacks import main_stack, signature, waiting_in_collective
-from rankscope.wire import Envelope
 
 ALL_ROWS_UP_TO = 128       # a shard with this many ranks or fewer sends a row for every rank
 ROWS_PER_REASON = 32       # otherwise this many per reason a rule may name a rank

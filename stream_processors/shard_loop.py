@@ -42,10 +42,11 @@ from rankscope.consuming import DeadLetters, open_consumer
 from rankscope.kafka_client import client_conf
 from rankscope.metrics import cached_high, process_metrics
 from rankscope.protocol.deadletter import DeadLetterCounter
+from rankscope.protocol.envelope import decode
+from rankscope.protocol.errors import WireError
 from rankscope.stream_processors.rebuild import rebuild_shards
 from rankscope.stream_processors.stages import STEPS_KINDS, EnvelopeEncoder, ShardStage
 from rankscope.topics import Topic
-from rankscope.wire import WireError, decode
 
 log = logging.getLogger("rankscope.processors")
 

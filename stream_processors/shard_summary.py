@@ -6,8 +6,9 @@ plus rows for at most a few hundred ranks that a rule may name (the longest with
 the lowest steps, the slowest, the silent, the crashed; every rank when there are few), and the
 shard's first failures (ranks that exited with an exception or a signal), the first few with
 their tracebacks, and the newest profile digests of ranks whose profile changed. Its size
-is bounded whatever the job size (:data:`MAX_SUMMARY_BYTES`); :meth:`ShardSummary.from_body`
-validates at the boundary and raises :class:`~rankscope.wire.WireError`.
+is bounded whatever the job size (:data:`~rankscope.protocol.shard.MAX_SUMMARY_BYTES`); its fields and
+bounds are declared in rankscope/protocol/shard.py, and :meth:`ShardSummary.from_body` checks a body
+there (it raises :class:`~rankscope.protocol.errors.WireError`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from rankscope.protocol import shard as protocol
+from rankscope.protocol.shard import MAX_SUMMARY_BYTES
 from rankscope.stream_processors import profile_digest
-from rankscope.wire import WireError
 
-MAX_SUMMARY_BYTES = 60_000
 HIST_BINS_PER_OCTAVE = 16
 
 
@@ -44,9 +45,6 @@ class Row(NamedTuple):
         return self.hb_since_s + min(max(0.0, now_s - self.hb_ns / 1e9), cap_s)
 
 
-_ROW_TYPES: tuple[Any, ...] = (int, str, int, int, int, int, (int, float), int, int, int, str, int, str, str, int)
-
-
 class Failure(NamedTuple):
     """A rank that exited with an exception or a signal: when, where, and (for the first few) how."""
 
@@ -59,9 +57,6 @@ class Failure(NamedTuple):
     exc_type: str
     detail: str
     frames: list[str]     # traceback, outermost first; [] past the first few failures of a shard
-
-
-_FAILURE_TYPES: tuple[Any, ...] = (int, str, int, int, int, str, str, str, list)
 
 
 @dataclass
@@ -94,51 +89,14 @@ class ShardSummary:
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> ShardSummary:
-        rows = []
-        for raw in body["rows"]:
-            if not isinstance(raw, list) or len(raw) != len(_ROW_TYPES):
-                raise WireError("bad_body", "shard.rows entry has the wrong shape")
-            for v, t in zip(raw, _ROW_TYPES, strict=True):
-                if not isinstance(v, t) or isinstance(v, bool):
-                    raise WireError("bad_body", f"shard.rows value {v!r} is not {t}")
-            rows.append(Row(*raw))
-        stacks = {}
-        for sig, raw in body["stacks"].items():
-            if not (isinstance(raw, list) and len(raw) == 4 and isinstance(raw[0], int) and isinstance(raw[2], list)
-                    and isinstance(raw[3], list)):
-                raise WireError("bad_body", "shard.stacks entry has the wrong shape")
-            stacks[str(sig)] = StackInfo(count=raw[0], waiting=bool(raw[1]), frames=[str(f) for f in raw[2]],
-                                         sample=[int(r) for r in raw[3]])
-        failures = []
-        raw_failures = body.get("failures", [])
-        if not isinstance(raw_failures, list):
-            raise WireError("bad_body", "shard.failures is not a list")
-        for raw in raw_failures:
-            if not isinstance(raw, list) or len(raw) != len(_FAILURE_TYPES):
-                raise WireError("bad_body", "shard.failures entry has the wrong shape")
-            for v, t in zip(raw, _FAILURE_TYPES, strict=True):
-                if not isinstance(v, t) or isinstance(v, bool):
-                    raise WireError("bad_body", f"shard.failures value {v!r} is not {t}")
-            failures.append(Failure(*raw[:-1], frames=[str(f) for f in raw[-1]]))  # type: ignore[misc]
-        profiles = {}
-        if "profiles" in body:
-            try:
-                profiles = profile_digest.unpack(body["profiles"])
-            except ValueError as e:
-                raise WireError("bad_body", f"shard.{e}") from None
-        agg = body["agg"]
-        for name in AGG_INTS:
-            if not isinstance(agg.get(name), int) or isinstance(agg.get(name), bool):
-                raise WireError("bad_body", f"shard.agg.{name} missing or not an integer")
-        for name in ("step_hist", "busy_hist"):
-            if not isinstance(agg.get(name), dict):
-                raise WireError("bad_body", f"shard.agg.{name} missing")
-        return cls(shard=body["shard"], ts_ns=body["ts_ns"], agg=agg, rows=rows, stacks=stacks, failures=failures,
-                   profiles=profiles)
-
-
-AGG_INTS = ("ranks", "live", "exited", "crashed", "silent", "world_size", "min_step", "max_step",
-            "max_step_end_ns", "max_step_med_ns", "newest_hb_ns", "busy_n", "retired")
+        """The summary of a decoded ``shard`` body, checked whole (rankscope/protocol/shard.py)."""
+        protocol.check_summary(body)
+        stacks = {str(sig): StackInfo(count=raw[0], waiting=raw[1], frames=raw[2], sample=raw[3])
+                  for sig, raw in body["stacks"].items()}
+        failures = [Failure(*raw) for raw in body.get("failures", [])]
+        profiles = profile_digest.unpack(body["profiles"]) if "profiles" in body else {}
+        return cls(shard=body["shard"], ts_ns=body["ts_ns"], agg=body["agg"], rows=[Row(*raw) for raw in body["rows"]],
+                   stacks=stacks, failures=failures, profiles=profiles)
 
 
 def hist_bin(ns: float) -> int:

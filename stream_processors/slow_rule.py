@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING, Any
 from rankscope.config import Settings
 from rankscope.last_arrivals import Step, enter_share, horizon_stats, latest_horizon
 from rankscope.protocol.alerts import MAX_DETAIL_RANKS, MAX_RANKS, Alert
+from rankscope.protocol.shard import arrival_rows, coll_groups
 from rankscope.stream_processors import profile_digest
 from rankscope.stream_processors.analysis.outliers import flag_slow
-from rankscope.stream_processors.arrivals import ArrivalLedger, parse_arrivals
-from rankscope.stream_processors.collective_arrivals import CollectiveLedger, parse_coll
+from rankscope.stream_processors.arrivals import ArrivalLedger
+from rankscope.stream_processors.collective_arrivals import CollectiveLedger
 from rankscope.stream_processors.job_view import JobView
 from rankscope.stream_processors.shard_summary import ShardSummary, hist_quantile
 
@@ -71,8 +72,8 @@ class SlowRule:
 
     def add(self, summary: ShardSummary) -> None:
         """Take a shard summary's arrival rows and collective rows. Raises WireError when malformed."""
-        self.ledger.add(summary.shard, summary.agg, parse_arrivals(summary.agg))
-        for pg, g in parse_coll(summary.agg).items():
+        self.ledger.add(summary.shard, summary.agg, arrival_rows(summary.agg))
+        for pg, g in coll_groups(summary.agg).items():
             led = self.groups.get(pg)
             if led is None:
                 if len(self.groups) >= MAX_GROUPS:

@@ -19,12 +19,12 @@ from collections.abc import Iterable
 from rankscope.config import Settings
 from rankscope.protocol import profile
 from rankscope.protocol.alerts import Alert
+from rankscope.protocol.envelope import Envelope, encode
 from rankscope.stream_processors import profile_digest
 from rankscope.stream_processors.monitor import JobMonitor
 from rankscope.stream_processors.shard import ShardJob
 from rankscope.stream_processors.shard_summary import ShardSummary
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode
 
 log = logging.getLogger("rankscope.processors")
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pandas as pd
 
+from rankscope.protocol.envelope import Envelope
 from rankscope.stream_processors.analysis.diagnosis import report_from_frames
 from rankscope.stream_processors.analysis.summaries import summary_frames
-from rankscope.wire import Envelope
 
 MAX_OPEN_WINDOWS = 256
 

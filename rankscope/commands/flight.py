@@ -33,8 +33,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     from rankscope.control_io import iter_acks, open_replies_reader
     from rankscope.kafka_client import client_conf
+    from rankscope.protocol.envelope import Envelope, encode
     from rankscope.trace_request import parse_ranks
-    from rankscope.wire import Envelope, encode
 
     try:
         ranks = parse_ranks(args.ranks)

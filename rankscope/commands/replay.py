@@ -25,8 +25,8 @@ from typing import Any
 
 from rankscope.config import Settings
 from rankscope.kafka_client import client_conf
+from rankscope.protocol.envelope import Envelope, encode
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

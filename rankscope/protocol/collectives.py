@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rankscope.wire_error import WireError
+from rankscope.protocol.errors import WireError
 
 MAX_GROUPS = 16          # process groups per beat
 MAX_RECORDS = 512        # collectives per group per beat (a rank sends its newest)

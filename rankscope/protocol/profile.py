@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
+from rankscope.protocol.errors import bad_body
+
 # Thread roles: the thread that calls tracer.step(); a DataLoader worker process; the DataLoader's
 # pin-memory thread; any other Python thread of the process. rankscope's own threads are never sampled.
 ROLES = ("training", "dataloader", "pin_memory", "other")
@@ -83,45 +85,49 @@ def _table_ok(paths: list[Any], nnames: int) -> bool:
 
 
 def validate(body: dict[str, Any]) -> ProfileBody:
-    """The body as a :class:`ProfileBody`, or ValueError saying what is wrong."""
+    """The body as a :class:`ProfileBody`, or WireError (``bad_body``) saying what is wrong."""
     for name in _FIELDS:
         if name not in body:
-            raise ValueError(f"profile: {name} missing")
+            raise bad_body(f"profile: {name} missing")
         if not _typed(name, body[name]):
-            raise ValueError(f"profile: {name} has the wrong type")
+            raise bad_body(f"profile: {name} has the wrong type")
     p = ProfileBody(**{name: body[name] for name in _FIELDS})
     if not (0 < p.t0_ns <= p.t1_ns and 0 < p.hz <= MAX_HZ and p.ticks >= 0):
-        raise ValueError("profile: needs 0 < t0_ns <= t1_ns, 0 < hz <= 1000 and ticks >= 0")
+        raise bad_body("profile: needs 0 < t0_ns <= t1_ns, 0 < hz <= 1000 and ticks >= 0")
     if len(p.roles) > len(ROLES) or any(r not in ROLES for r in p.roles) or len(p.other) != len(p.roles):
-        raise ValueError(f"profile: roles must be of {ROLES}, with one 'other' count each")
+        raise bad_body(f"profile: roles must be of {ROLES}, with one 'other' count each")
     if len(p.names) > MAX_NAMES or any(len(n) > MAX_NAME_CHARS for n in p.names):
-        raise ValueError(f"profile: at most {MAX_NAMES} names of {MAX_NAME_CHARS} characters")
+        raise bad_body(f"profile: at most {MAX_NAMES} names of {MAX_NAME_CHARS} characters")
     n = len(p.path)
     if n > MAX_ROWS or len(p.role) != n or len(p.count) != n:
-        raise ValueError(f"profile: path, role and count are rows of equal length, at most {MAX_ROWS}")
+        raise bad_body(f"profile: path, role and count are rows of equal length, at most {MAX_ROWS}")
     if not _table_ok(p.paths, len(p.names)):
-        raise ValueError("profile: paths entries are [parent (-1 at a root, else an earlier entry), name index]")
+        raise bad_body("profile: paths entries are [parent (-1 at a root, else an earlier entry), name index]")
     if p.path and (min(p.path) < 0 or max(p.path) >= len(p.paths) or min(p.role) < 0
                    or max(p.role) >= len(p.roles)):
-        raise ValueError("profile: a row names a path or role outside its table")
+        raise bad_body("profile: a row names a path or role outside its table")
     if (p.count and (min(p.count) <= 0 or max(p.count) > MAX_COUNT)) \
             or (p.other and (min(p.other) < 0 or max(p.other) > MAX_COUNT)) \
             or p.ticks > MAX_COUNT or p.t1_ns >= 2**63:
-        raise ValueError("profile: counts are positive (others not negative), at most 2**31 - 1")
+        raise bad_body("profile: counts are positive (others not negative), at most 2**31 - 1")
     return p
 
 
 def from_validated(body: dict[str, Any]) -> ProfileBody:
-    """The struct of a body :func:`validate` (or wire.decode) has already accepted."""
+    """The struct of a body :func:`validate` (or envelope.decode) has already accepted."""
     return ProfileBody(**{name: body[name] for name in _FIELDS})
 
 
 def rows(p: ProfileBody) -> list[tuple[str, str, int]]:
     """(role, ``"root;...;leaf"``, count) for each row, and ``(role, "", other)`` for each role's
-    samples left out, of a validated body. Raises ValueError on a call path deeper than MAX_DEPTH."""
+    samples left out, of a validated body. Raises WireError (``bad_body``) on a call path deeper than
+    MAX_DEPTH."""
     from rankscope.call_paths import valid_leaf_strings
 
-    strings = valid_leaf_strings(p.names, p.paths, set(p.path), max_depth=MAX_DEPTH)
+    try:
+        strings = valid_leaf_strings(p.names, p.paths, set(p.path), max_depth=MAX_DEPTH)
+    except ValueError as e:
+        raise bad_body(str(e)) from None
     roles = p.roles
     out = [(roles[r], strings[pid], c) for pid, r, c in zip(p.path, p.role, p.count, strict=True)]
     out.extend((role, "", c) for role, c in zip(p.roles, p.other, strict=True) if c > 0)

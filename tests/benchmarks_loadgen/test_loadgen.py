@@ -12,10 +12,10 @@ from confluent_kafka import Consumer, TopicPartition
 
 from benchmarks.loadgen import HANG_FRAMES, WAIT_FRAMES, LoadConfig, run
 from rankscope.config import Settings
+from rankscope.protocol.envelope import Envelope, decode, rank_key
 from rankscope.storage.columns import TABLE_COLUMNS, Columns
-from rankscope.storage.rows import hw_columns_checked
+from rankscope.storage.rows import hw_columns
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, decode, rank_key
 
 pytestmark = pytest.mark.kafka
 
@@ -140,7 +140,7 @@ def test_v2_beats_keyed_by_rank_and_show_the_hang(fresh_topics: Settings) -> Non
         # The rows the sink stores: what a Hopper rank's sampler sends (21 GPU metrics) and, on local
         # rank 0, the host's 9.
         rows = Columns(TABLE_COLUMNS["hw_samples"])
-        hw_columns_checked(e, rows)
+        hw_columns(e, rows)
         assert rows.rows == k * (21 + (9 if local == 0 else 0))
         samples[e.rank] += k
     assert out["hw_rows_per_s"] == (n * 21 + n // 8 * 9) / fresh_topics.heartbeat_s

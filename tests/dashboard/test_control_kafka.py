@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
 from rankscope.dashboard import control
+from rankscope.protocol.envelope import Envelope, decode, encode
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, decode, encode
 
 pytestmark = pytest.mark.kafka
 

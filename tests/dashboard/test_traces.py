@@ -9,9 +9,9 @@ from pagetest import open_page, page_text
 
 from rankscope.dashboard import control, flame
 from rankscope.dashboard import queries as q
+from rankscope.protocol.envelope import decode
 from rankscope.protocol.trace import parse_command
 from rankscope.trace_request import encode_request
-from rankscope.wire import decode
 
 S, MS = sd.S, sd.MS
 

@@ -296,8 +296,8 @@ def send_gpu_samples(settings: Settings, job: str) -> None:
     shaped as a rank's sampler shapes it and stored by the sink's normal insert path."""
     from confluent_kafka import Producer
 
+    from rankscope.protocol.envelope import Envelope, encode, rank_key
     from rankscope.topics import Topic
-    from rankscope.wire import Envelope, encode, rank_key
 
     now = time.time_ns()
     ts = [now - i * 5 * 10**9 for i in range(6) for _ in (0, 1)]

@@ -19,10 +19,10 @@ import pytest
 from rankscope.admin import ensure_topics
 from rankscope.config import Settings
 from rankscope.own_frames import is_own_frame
+from rankscope.protocol.envelope import decode
 from rankscope.storage.sink import Sink
 from rankscope.storage.store import Store, close_store, open_store
 from rankscope.topics import Topic
-from rankscope.wire import decode
 from tests.integration.helpers import (
     AlertReader,
     TopicReader,
@@ -234,7 +234,7 @@ def test_bad_input_is_dead_lettered_and_valid_records_survive(pipeline: tuple[Se
     from confluent_kafka import Producer
 
     from rankscope.protocol.deadletter import DeadLetter
-    from rankscope.wire import Envelope, encode
+    from rankscope.protocol.envelope import Envelope, encode
 
     settings, store, _ = pipeline
     job = f"garbage-{uuid.uuid4().hex[:6]}"

@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rankscope import services
 from rankscope.config import RESTARTS_ENV, Settings
 from rankscope.gc_tuning import STREAMING_THRESHOLDS
+from rankscope.protocol.envelope import Envelope, encode, rank_key
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode, rank_key
 from tests.integration.helpers import REPO, child_env, free_port, stop_process, tail, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse]

@@ -20,8 +20,8 @@ import pytest
 
 from rankscope.config import Settings
 from rankscope.protocol.alerts import Alert
+from rankscope.protocol.envelope import decode
 from rankscope.topics import Topic
-from rankscope.wire import decode
 from tests.integration.helpers import (
     REPO,
     AlertReader,

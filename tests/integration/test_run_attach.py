@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from rankscope.config import Settings
+from rankscope.protocol.envelope import decode
 from rankscope.storage.store import Store
 from rankscope.topics import Topic
-from rankscope.wire import decode
 from tests.integration.helpers import (
     AlertReader,
     TopicReader,

@@ -30,8 +30,8 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 from rankscope.admin import admin_client, ensure_topics
 from rankscope.broker_cluster import LocalCluster
 from rankscope.config import Settings
+from rankscope.protocol.envelope import rank_key
 from rankscope.topics import Topic, all_topic_names
-from rankscope.wire import rank_key
 from tests.integration.helpers import (
     AlertReader,
     child_env,

@@ -18,10 +18,10 @@ from confluent_kafka import Producer
 
 from rankscope.admin import ensure_topics
 from rankscope.config import Settings
+from rankscope.protocol.envelope import Envelope, encode
 from rankscope.storage.sink import Sink
 from rankscope.storage.store import Store, close_store, open_store
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode
 from tests.integration.helpers import (
     TopicReader,
     child_env,

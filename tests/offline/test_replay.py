@@ -20,7 +20,7 @@ from rankscope.offline.replay import (
 )
 from rankscope.producers.trace_events import CATEGORIES, chunk, summarize, summary_body, to_columnar
 from rankscope.producers.trace_window import collective_arrivals
-from rankscope.wire import Envelope, decode, encode
+from rankscope.protocol.envelope import Envelope, decode, encode
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 TYPES = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cpu_op", "python_function", "user_annotation",

@@ -9,8 +9,8 @@ import pytest
 
 from rankscope.config import Settings
 from rankscope.producers.control import ControlListener
+from rankscope.protocol.envelope import Envelope, encode
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode
 from tests.integration.helpers import wait_until
 
 

@@ -16,7 +16,7 @@ from rankscope.config import Settings
 from rankscope.producers.collectives import CommTimer
 from rankscope.producers.ddp import DdpWatcher
 from rankscope.producers.tracer import Tracer
-from rankscope.wire import decode
+from rankscope.protocol.envelope import decode
 
 
 class Recording:

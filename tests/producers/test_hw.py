@@ -19,9 +19,9 @@ from rankscope.producers.hw import MAX_ROWS_PER_BODY, NO_NVML_MESSAGE, HardwareS
 from rankscope.producers.hw_gpu import pick_gpu
 from rankscope.producers.identity import RankIdentity
 from rankscope.producers.tracer import Tracer
+from rankscope.protocol.envelope import Envelope, decode, encode
 from rankscope.storage.columns import TABLE_COLUMNS, Columns
 from rankscope.storage.rows import hw_columns
-from rankscope.wire import Envelope, decode, encode
 
 GIB = 2**30
 

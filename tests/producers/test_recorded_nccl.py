@@ -16,7 +16,7 @@ import msgpack
 
 from rankscope.producers.collective_log import CollectiveLog
 from rankscope.protocol.collectives import validate
-from rankscope.wire import decode
+from rankscope.protocol.envelope import decode
 
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "gpu_check_h200_torch211"
 

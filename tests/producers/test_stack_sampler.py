@@ -11,8 +11,8 @@ import msgpack
 import pytest
 
 from rankscope.producers.stack_sampler import StackFolder, StackSampler
+from rankscope.protocol.envelope import Envelope, decode, encode
 from rankscope.protocol.profile import MAX_ROWS, rows, validate
-from rankscope.wire import Envelope, decode, encode
 
 
 def spin_in_hot_function(stop: threading.Event) -> None:

@@ -13,7 +13,7 @@ from rankscope.config import ConfigError, Settings
 from rankscope.producers.attach import ATTACHED_PID, attach_env, boot_dir, should_attach
 from rankscope.producers.step_hooks import OptimizerSteps, StepMarker
 from rankscope.producers.tracer import Tracer
-from rankscope.wire import decode
+from rankscope.protocol.envelope import decode
 
 
 class Recording:

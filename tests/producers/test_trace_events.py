@@ -29,7 +29,7 @@ from rankscope.producers.trace_events import (
     summary_body,
     to_columnar,
 )
-from rankscope.wire import Envelope, decode, encode
+from rankscope.protocol.envelope import Envelope, decode, encode
 
 FIRST_STEP = 100
 pytestmark = pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")

@@ -7,7 +7,7 @@ import threading
 from rankscope.clock import ManualClock
 from rankscope.config import Settings
 from rankscope.producers.tracer import Tracer
-from rankscope.wire import decode
+from rankscope.protocol.envelope import decode
 
 
 class RecordingTransport:

@@ -137,8 +137,8 @@ def test_a_period_in_time_becomes_a_period_in_steps() -> None:
 
 
 def test_the_cli_sends_a_time_period_as_steps_when_it_can() -> None:
+    from rankscope.protocol.envelope import decode
     from rankscope.trace_request import Plan, TraceRequest, encode_request
-    from rankscope.wire import decode
 
     req = TraceRequest(job="job", mode="every_s", every_s=600.0, request_id="r")
     body = decode(encode_request(req, Plan(start_step=50, period_steps=40_000))).body

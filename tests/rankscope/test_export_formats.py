@@ -77,9 +77,9 @@ def stored_recording(tmp_path: Path) -> Iterator[str]:
     from rankscope.commands.replay import window_messages
     from rankscope.offline.kineto import load_trace
     from rankscope.offline.replay import epoch_base_ns, event_dicts
+    from rankscope.protocol.envelope import Envelope, decode, encode
     from rankscope.storage.columns import TABLE_COLUMNS, Columns
     from rankscope.storage.rows import summary_columns, trace_columns
-    from rankscope.wire import Envelope, decode, encode
 
     t = load_trace(A100 / "nccl_data.json.gz", extra_columns=True)
     shift = T0 - int(t.events["ts_ns"].min()) // 1000 * 1000   # recent (the store expires old rows), whole µs

@@ -13,8 +13,8 @@ import pytest
 
 from rankscope.cli import main
 from rankscope.config import Settings
+from rankscope.protocol.envelope import decode
 from rankscope.topics import Topic
-from rankscope.wire import decode
 from tests.integration.helpers import TopicReader, wait_until
 
 T0 = (time.time_ns() // 10**9 - 60) * 10**9

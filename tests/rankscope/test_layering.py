@@ -77,7 +77,7 @@ def violations() -> list[str]:
         src = layer(module)
         rel = path.relative_to(REPO).as_posix()
         for name in imports(path):
-            # `from rankscope import wire` imports a module of the ground layer, not the facade.
+            # `from rankscope import protocol` imports a module of the ground layer, not the facade.
             dst = layer(name) if name != "rankscope" else "rankscope"
             if dst not in (*RUNTIMES, "rankscope", "cli", "demo", "facade") or dst == src or dst == "rankscope":
                 continue
@@ -150,7 +150,7 @@ def test_the_check_sees_a_cycle(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("module, expected", [("rankscope", "facade"), ("rankscope.analysis", "facade"),
-                                              ("rankscope.wire", "rankscope"), ("rankscope.commands.trace", "cli"),
+                                              ("rankscope.protocol.envelope", "rankscope"), ("rankscope.commands.trace", "cli"),
                                               ("rankscope.storage.sink", "storage")])
 def test_modules_are_placed_in_their_layer(module, expected):
     assert layer(module) == expected
@@ -167,7 +167,7 @@ def test_the_check_sees_a_violation(tmp_path, monkeypatch):
     fake = tmp_path / "stream_processors"
     fake.mkdir()
     (fake / "bad.py").write_text("def f():\n    from rankscope.commands.trace import run\n")
-    (fake / "ok.py").write_text("from rankscope.wire import decode\nfrom rankscope.stream_processors import app\n")
+    (fake / "ok.py").write_text("from rankscope.protocol.envelope import decode\nfrom rankscope.stream_processors import app\n")
     (fake / "also_bad.py").write_text("from rankscope.producers.tracer import Tracer\n")
     (fake / "offline_bad.py").write_text("def f():\n    from rankscope.offline.kineto import load_trace\n")
     offline = tmp_path / "offline"

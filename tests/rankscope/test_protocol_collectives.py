@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rankscope.protocol.collectives import MAX_RECORDS, lateness, op_label, records, validate
-from rankscope.wire import Envelope, WireError, decode, encode
+from rankscope.protocol.envelope import Envelope, decode, encode
+from rankscope.protocol.errors import WireError
 
 GROUP = {"pg": "0", "size": 4, "seq": [7, 8], "op": [0, 1], "reach_ns": [100, 200], "dur_ns": [-1, 5],
          "ops": ["all_reduce float32[8]", "broadcast int64[1]"], "last": [8, -1, 7]}

@@ -7,8 +7,9 @@ import copy
 
 import pytest
 
+from rankscope.protocol.envelope import Envelope, decode, encode
+from rankscope.protocol.errors import WireError
 from rankscope.protocol.profile import MAX_DEPTH, MAX_ROWS, rows, validate
-from rankscope.wire import Envelope, WireError, decode, encode
 
 GOOD = {"t0_ns": 10**18, "t1_ns": 10**18 + 10**10, "hz": 20.0, "ticks": 200, "roles": ["training", "other"],
         "names": ["train.py:1 <module>", "train.py:5 step", "mod.py:9 slow"],

@@ -13,15 +13,17 @@ from confluent_kafka import Producer
 
 from rankscope.admin import delete_topics
 from rankscope.config import Settings
+from rankscope.protocol.envelope import Envelope, encode
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode
 
 pytestmark = pytest.mark.kafka
 
 
 def test_missing_replies_topic_is_named(fresh_topics: Settings) -> None:
     stats = Envelope(kind="stats", job="job-r", rank=-1, host="h", pid=1, seq=1, sent_ns=time.time_ns(),
-                     body={"ranks": [{"rank": 0}, {"rank": 1}]})
+                     body={"ranks": [{"rank": r, "ts_ns": 1, "step": 5, "window_steps": 5, "median_step_ns": 10,
+                                      "p95_step_ns": 12, "median_busy_ns": 8, "median_comm_ns": 2, "busy_z": 0.0,
+                                      "state": "running"} for r in (0, 1)]})
     producer = Producer({"bootstrap.servers": fresh_topics.bootstrap})
     producer.produce(Topic.STATS.name_for(fresh_topics), key=b"job-r", value=encode(stats))
     assert producer.flush(10) == 0

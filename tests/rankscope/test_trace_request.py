@@ -15,11 +15,11 @@ from confluent_kafka import Producer
 from rankscope.commands.trace import request_from_args
 from rankscope.config import Settings
 from rankscope.dashboard import control
+from rankscope.protocol.envelope import Envelope, decode, encode
 from rankscope.protocol.trace import MAX_BYTE_BUDGET, MAX_EVERY_S, MAX_STEPS, CommandError, parse_command
 from rankscope.topics import Topic
 from rankscope.trace_request import Plan, TraceRequest, control_body, encode_request, plan
 from rankscope.trace_start import START_LEAD_NS
-from rankscope.wire import Envelope, decode, encode
 from tests.integration.helpers import REPO, TopicReader, child_env, wait_until
 
 STEP_NS = 100 * 10**9    # a slow step time: a few seconds between the two senders change no plan

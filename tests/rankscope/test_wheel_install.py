@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from rankscope.config import Settings
+from rankscope.protocol.envelope import decode
 from rankscope.topics import Topic
-from rankscope.wire import decode
 from tests.integration.helpers import TopicReader, free_port, stop_process, tail, wait_until
 from tests.rankscope.test_wheel import build_wheel
 

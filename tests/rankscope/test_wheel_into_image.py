@@ -73,7 +73,7 @@ def test_rank_side_runs_on_the_image_packages(image_venv: Path, tmp_path: Path) 
         import rankscope
         from rankscope import Tracer
         from rankscope.producers.hw_host import HostSampler
-        from rankscope.wire import Envelope, decode, encode
+        from rankscope.protocol.envelope import Envelope, decode, encode
 
         print("rankscope from", rankscope.__file__, "Tracer", Tracer.__name__)
         sampler = HostSampler(psutil)

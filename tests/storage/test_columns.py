@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from rankscope.protocol.errors import WireError
 from rankscope.storage.columns import I32, InvalidMessage, int_field
-from rankscope.wire import WireError
 
 
 def test_a_value_out_of_its_columns_range_is_a_wire_error_with_reason_and_detail():

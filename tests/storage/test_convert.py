@@ -5,10 +5,10 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from rankscope.protocol.envelope import Envelope, encode
 from rankscope.storage.columns import InvalidMessage
 from rankscope.storage.convert import Batch, RowBuilder
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode
 
 
 def beat(rank: int, step: int, sent_ns: int) -> bytes:

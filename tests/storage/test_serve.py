@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from rankscope.config import ConfigError, Settings
+from rankscope.protocol.envelope import Envelope, encode
 from rankscope.storage.serve import export_settings, streamlit_options
 from rankscope.storage.store import close_store, open_store
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 60.0

@@ -18,12 +18,14 @@ import pytest
 from rankscope.config import Settings
 from rankscope.protocol.alerts import Alert
 from rankscope.protocol.deadletter import DeadLetter
+from rankscope.protocol.envelope import Envelope, decode, encode
+from rankscope.protocol.errors import WireError
+from rankscope.protocol.hardware import check_hw
 from rankscope.storage.columns import TABLE_COLUMNS, Columns, InvalidMessage
 from rankscope.storage.rows import hw_columns, merge_rank, steps_columns, summary_columns, trace_columns
 from rankscope.storage.sink import RetryPolicy, Sink
 from rankscope.storage.store import Store, StoreError, close_store, open_store
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, decode, encode
 
 DEADLINE_S = 60.0
 T0 = (time.time_ns() // 10**9 - 3600) * 10**9  # an hour ago: inside the tables' TTLs
@@ -60,9 +62,10 @@ def beat_msg(steps: Envelope, hb: Envelope) -> bytes:
 
 
 def flight_msg(rank: int, seq: int, sent_ns: int, steps: list, job: str = "job-a") -> bytes:
-    return encode(env("flight", {"steps": steps, "stacks": [{"thread": "MainThread", "frames": ["train.py:56 hang"]}],
-                                 "reason": "alert job-a:hang:1", "request_id": "flight-1"},
-                      job=job, rank=rank, seq=seq, sent_ns=sent_ns))
+    """A flight record, packed without encode's check: the test sends a bad one too."""
+    return msgpack.packb(env("flight", {"steps": steps, "stacks": [{"thread": "MainThread", "frames": ["train.py:56 hang"]}],
+                                        "reason": "alert job-a:hang:1", "request_id": "flight-1"},
+                             job=job, rank=rank, seq=seq, sent_ns=sent_ns).to_dict(), use_bin_type=True)
 
 
 def exit_msg(rank: int, step: int, seq: int, sent_ns: int, job: str = "job-a") -> bytes:
@@ -122,8 +125,8 @@ def test_hw_columns_long_format_skips_none() -> None:
     hw_columns(env("hw", {"ts_ns": [1, 2], "device": [0, 0], "metrics": {"util": [1, None], "mem": [3, 4]}}), cols)
     assert sorted(zip(cols.data["ts_ns"], cols.data["metric"], cols.data["value"], strict=True)) == [
         (1, "mem", 3.0), (1, "util", 1.0), (2, "mem", 4.0)]
-    with pytest.raises(InvalidMessage):
-        hw_columns(env("hw", {"ts_ns": [1], "device": [0], "metrics": {"util": [1, 2]}}), cols)
+    with pytest.raises(WireError, match="must be a list of 1 values"):
+        check_hw({"ts_ns": [1], "device": [0], "metrics": {"util": [1, 2]}})
 
 
 def test_merge_rank_carries_fields_forward_and_detects_restart() -> None:
@@ -170,8 +173,8 @@ def _trace_window(compact_paths: bool = True) -> tuple[list[bytes], bytes]:
 
 
 def test_trace_and_summary_rows() -> None:
-    from rankscope.trace_wire import chunk_columns
-    from rankscope.wire import decode
+    from rankscope.protocol.envelope import decode
+    from rankscope.protocol.trace_rows import chunk_columns
 
     traces, summary = _trace_window()
     assert len(traces) > 1  # self-contained chunks, each with its own tables
@@ -236,8 +239,9 @@ def test_trace_and_summary_rows() -> None:
 def test_list_form_trace_chunks_give_the_same_rows() -> None:
     """Chunks with int-list columns and a full attrs list (what ranks sent before packed columns)
     are still stored, row for row as the packed form; a packed chunk whose count disagrees is refused."""
-    from rankscope.trace_wire import WIRE_INT_COLUMNS, chunk_columns
-    from rankscope.wire import decode
+    from rankscope.protocol.envelope import decode
+    from rankscope.protocol.trace_events import WIRE_INT_COLUMNS
+    from rankscope.protocol.trace_rows import chunk_columns
 
     traces, _ = _trace_window()
     packed, listed = Columns(TABLE_COLUMNS["trace_events"]), Columns(TABLE_COLUMNS["trace_events"])
@@ -263,7 +267,7 @@ def test_list_form_trace_chunks_give_the_same_rows() -> None:
 
 @pytest.mark.clickhouse
 def test_trace_and_summary_rows_insert_into_chdb(tmp_path: Path) -> None:
-    from rankscope.wire import decode
+    from rankscope.protocol.envelope import decode
 
     traces, summary = _trace_window()
     tables = {t: Columns(TABLE_COLUMNS[t]) for t in ("trace_events", "function_summaries", "trace_windows")}

@@ -8,9 +8,9 @@ from typing import Any
 
 from rankscope.clock import ManualClock
 from rankscope.config import Settings
+from rankscope.protocol.envelope import Envelope, encode
 from rankscope.storage.sink import Sink
 from rankscope.topics import Topic
-from rankscope.wire import Envelope, encode
 from tests.kafka_fakes import Message
 
 JOB = "ranks-upsert"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from rankscope.config import Settings
 from rankscope.producers.collective_log import CollectiveLog
+from rankscope.protocol.envelope import Envelope
 from rankscope.stream_processors.collective_arrivals import CollectiveLedger, ShardCollectives, behind
 from rankscope.stream_processors.pipeline import TwoStage
-from rankscope.wire import Envelope
 from tests.fr_dumps import ModelledJob
 
 S = Settings(hang_min_s=10, hang_factor=8, dead_after_s=6, straggler_window=20, straggler_min_steps=8,

@@ -6,11 +6,13 @@ import msgpack
 import pytest
 
 from rankscope.config import Settings
+from rankscope.protocol.envelope import Envelope, decode, encode
+from rankscope.protocol.errors import WireError
+from rankscope.protocol.shard import MAX_SUMMARY_BYTES
 from rankscope.stream_processors.failures import attribute, is_peer_error
 from rankscope.stream_processors.pipeline import TwoStage
 from rankscope.stream_processors.shard import ShardJob
-from rankscope.stream_processors.shard_summary import MAX_SUMMARY_BYTES, Failure, ShardSummary
-from rankscope.wire import Envelope, WireError, decode, encode
+from rankscope.stream_processors.shard_summary import Failure, ShardSummary
 
 S = Settings(hang_min_s=10, hang_factor=8, dead_after_s=6, scan_interval_s=1.0)
 STEP_NS = 10_000_000

@@ -10,11 +10,11 @@ from rankscope.config import Settings
 from rankscope.producers.trace_events import summarize, to_columnar
 from rankscope.protocol.alerts import Alert
 from rankscope.protocol.deadletter import DeadLetterCounter
+from rankscope.protocol.envelope import Envelope, decode, encode
+from rankscope.protocol.trace_summary import summary_body
 from rankscope.stream_processors.handlers import Handlers, Source
 from rankscope.stream_processors.stages import EnvelopeEncoder, JobStage, ShardStage
 from rankscope.topics import Topic
-from rankscope.trace_wire import summary_body
-from rankscope.wire import Envelope, decode, encode
 
 S = Settings(hang_min_s=10, hang_factor=8, dead_after_s=6, report_deadline_s=30, auto_trace_steps=3,
              auto_trace_interval_s=600)

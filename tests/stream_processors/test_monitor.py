@@ -4,10 +4,10 @@ over shards, job-wide rules on the shards' summaries."""
 from __future__ import annotations
 
 from rankscope.config import Settings
+from rankscope.protocol.envelope import Envelope
 from rankscope.stream_processors.monitor import JobMonitor, slow_ranks
 from rankscope.stream_processors.pipeline import TwoStage
 from rankscope.stream_processors.stacks import waiting_in_collective
-from rankscope.wire import Envelope
 
 # 10 ms steps: the slow-rank rule judges the last 0.2 s (21 steps) here; tests/stream_processors/
 # test_slow_rule.py runs it at its defaults on longer jobs.

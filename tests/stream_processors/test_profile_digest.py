@@ -10,11 +10,13 @@ import msgpack
 import pytest
 
 from rankscope.alert_schema import validate as validate_alert
+from rankscope.protocol.envelope import Envelope
+from rankscope.protocol.errors import WireError
 from rankscope.protocol.profile import ProfileBody, validate
+from rankscope.protocol.shard import MAX_SUMMARY_BYTES
 from rankscope.stream_processors import profile_digest as pd_
 from rankscope.stream_processors.shard import ShardJob
-from rankscope.stream_processors.shard_summary import MAX_SUMMARY_BYTES, ShardSummary
-from rankscope.wire import Envelope, WireError
+from rankscope.stream_processors.shard_summary import ShardSummary
 from tests.stream_processors.test_slow_rule import Job, S, opened
 
 TRAIN = "train.py:10 train"

@@ -5,10 +5,10 @@ the summary; the job-wide dead-rank rule judges each rank at its shard's frontie
 from __future__ import annotations
 
 from rankscope.config import Settings
+from rankscope.protocol.envelope import Envelope, decode
 from rankscope.stream_processors.monitor import JobMonitor
 from rankscope.stream_processors.shard_summary import ShardSummary
 from rankscope.stream_processors.stages import RECOVERY_FACTOR, EnvelopeEncoder, ShardStage
-from rankscope.wire import Envelope, decode
 
 S = Settings(dead_after_s=10, hang_min_s=10, scan_interval_s=1.0)
 T0 = 1_000.0

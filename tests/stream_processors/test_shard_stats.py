@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rankscope.config import Settings
+from rankscope.protocol.envelope import Envelope
 from rankscope.stream_processors.shard import ShardJob, busy_z_scores
-from rankscope.wire import Envelope
 
 S = Settings(straggler_window=20, straggler_min_steps=8)
 STEP_NS = 100_000_000

@@ -10,10 +10,12 @@ import random
 import msgpack
 
 from rankscope.config import Settings
+from rankscope.protocol.envelope import Envelope
+from rankscope.protocol.errors import WireError
+from rankscope.protocol.shard import MAX_SUMMARY_BYTES
 from rankscope.stream_processors.pipeline import TwoStage
 from rankscope.stream_processors.shard import ShardJob
-from rankscope.stream_processors.shard_summary import MAX_SUMMARY_BYTES, ShardSummary, hist_bin, hist_quantile
-from rankscope.wire import Envelope, WireError
+from rankscope.stream_processors.shard_summary import ShardSummary, hist_bin, hist_quantile
 
 S = Settings(hang_min_s=10, dead_after_s=6, straggler_window=20, straggler_min_steps=8, straggler_z=4,
              straggler_min_rel=0.25, straggler_persist=3)

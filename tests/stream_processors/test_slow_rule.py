@@ -11,12 +11,14 @@ import pytest
 
 from rankscope.config import ConfigError, Settings
 from rankscope.protocol.alerts import Alert
+from rankscope.protocol.envelope import Envelope
+from rankscope.protocol.errors import WireError
+from rankscope.protocol.shard import MAX_SUMMARY_BYTES
 from rankscope.stream_processors.arrivals import ARRIVAL_STEPS, ArrivalLedger
 from rankscope.stream_processors.monitor import JobMonitor, slow_ranks
 from rankscope.stream_processors.pipeline import TwoStage
 from rankscope.stream_processors.shard import ShardJob
-from rankscope.stream_processors.shard_summary import MAX_SUMMARY_BYTES, ShardSummary
-from rankscope.wire import Envelope, WireError
+from rankscope.stream_processors.shard_summary import ShardSummary
 
 S = Settings()
 BUSY_NS = 15_000_000

@@ -1,6 +1,4 @@
-"""The error every decoder of the wire raises (rankscope/wire.py re-exports it): its own module, so
-that the validators wire.py calls (rankscope/protocol/collectives.py) raise it without importing
-wire.py back."""
+"""The error every check of the wire raises."""
 
 from __future__ import annotations
 
@@ -12,3 +10,8 @@ class WireError(ValueError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+
+
+def bad_body(detail: str) -> WireError:
+    """The error of a body that does not match its kind: reason ``bad_body``, ``detail`` naming the field."""
+    return WireError("bad_body", detail)

@@ -3,17 +3,16 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from rankscope.config import ConfigError, Settings
-from rankscope.wire import (
+from rankscope.protocol.envelope import (
     SCHEMA_VERSION,
     Envelope,
-    WireError,
     decode,
     encode,
     rank_key,
     split_beat,
     steps_rows,
 )
+from rankscope.protocol.errors import WireError
 
 
 def env(kind="steps", body=None, **kw):
@@ -86,17 +85,52 @@ def test_heartbeat_and_exit_validation():
         encode(env("exit", {"step": 1, "reason": "exploded", "detail": ""}))
 
 
-def test_settings_from_env_and_validation():
-    s = Settings.from_env({"RANKSCOPE_KAFKA_PORT": "19092", "RANKSCOPE_HANG_MIN_S": "2.5"}, topic_prefix="x.")
-    assert s.kafka_port == 19092 and s.hang_min_s == 2.5 and s.topic_prefix == "x."
-    assert s.bootstrap == "127.0.0.1:19092" and s.local_broker
-    assert Settings.from_env(s.to_env()) == s
-    with pytest.raises(ConfigError, match="RANKSCOPE_KAFKA_PORT"):
-        Settings.from_env({"RANKSCOPE_KAFKA_PORT": "many"})
-    with pytest.raises(ConfigError, match="topic_partitions"):
-        Settings(topic_partitions=0)
-    with pytest.raises(ConfigError, match="clickhouse_dsn"):
-        Settings(clickhouse_dsn="mysql://x")
-    assert Settings.from_env({"RANKSCOPE_PRODUCER_COMPRESSION": "lz4"}).producer_compression == "lz4"
-    with pytest.raises(ConfigError, match="producer_compression must be one of none, gzip, snappy, lz4, zstd"):
-        Settings.from_env({"RANKSCOPE_PRODUCER_COMPRESSION": "brotli"})
+def test_decode_makes_a_real_frozen_envelope():
+    e = decode(encode(env("beat", BEAT)))
+    assert type(e) is Envelope and e == env("beat", BEAT)
+    with pytest.raises(AttributeError):
+        e.job = "other"   # type: ignore[misc]
+
+
+@pytest.mark.parametrize("change,reason", [
+    ({"v": True}, "unknown_version"),
+    ({"rank": True}, "bad_type"),
+    ({"body": {**BEAT, "hb_step": True}}, "bad_body"),
+    ({"body": {**BEAT, "dropped": False}}, "bad_body"),
+    ({"body": {**BEAT, "step": [True, 5]}}, "bad_body"),
+    ({"body": {**BEAT, "stacks": [{"thread": 1, "frames": []}]}}, "bad_body"),
+    ({"body": {k: v for k, v in BEAT.items() if k != "local_rank"}}, "bad_body"),
+])
+def test_types_are_exact_a_bool_is_not_an_int(change, reason):
+    with pytest.raises(WireError) as ei:
+        decode(msgpack.packb({**env("beat", BEAT).to_dict(), **change}))
+    assert ei.value.reason == reason
+
+
+@pytest.mark.parametrize("kind,body", [
+    ("exit", {"step": True, "reason": "completed", "detail": ""}),
+    ("exit", {"step": 1, "reason": "completed", "detail": "", "frames": [1]}),
+    ("control", {"command": "trace", "request_id": "r", "ranks": 3, "args": {}}),
+    ("ack", {"request_id": "r", "status": "ok"}),
+    ("fr_dump", {"request_id": "r", "reason": "x", "dump": "{}", "truncated": 0}),
+    ("flight", {"steps": [], "stacks": None}),
+    ("stats", {"ranks": {}}),
+    ("hw", {"ts_ns": [1], "device": 0, "metrics": {}}),
+    ("trace", {"window_id": 1, "events": {}}),
+    ("summary", {"window_id": "w", "functions": []}),
+])
+def test_each_kinds_body_is_checked(kind, body):
+    with pytest.raises(WireError) as ei:
+        decode(msgpack.packb({**env(kind, body).to_dict()}))
+    assert ei.value.reason == "bad_body"
+
+
+def test_decode_needs_nothing_but_the_standard_library_and_msgpack():
+    # The rank side decodes; trace_rows.py (numpy) is imported only by those that read trace events.
+    import subprocess
+    import sys
+
+    code = ("import sys, msgpack; before = set(sys.modules); import rankscope.protocol.envelope; "
+            "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['rankscope']", out.stdout

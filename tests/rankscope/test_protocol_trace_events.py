@@ -6,14 +6,10 @@ from __future__ import annotations
 import pytest
 
 from rankscope.producers.trace_events import chunk, summarize, to_columnar
-from rankscope.trace_wire import (
-    REQUIRED_INT_COLUMNS,
-    chunk_columns,
-    decode_chunk,
-    decode_summary,
-    summary_body,
-)
-from rankscope.wire import WireError
+from rankscope.protocol.errors import WireError
+from rankscope.protocol.trace_events import REQUIRED_INT_COLUMNS
+from rankscope.protocol.trace_rows import chunk_columns, decode_chunk
+from rankscope.protocol.trace_summary import decode_summary, summary_body
 
 T0 = 1_700_000_000_000_000_000
 
