@@ -30,7 +30,7 @@ browser:
 	@test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q chromium; }
 
 kafka-jars: install
-	$(BIN)/python -c "from rankscope.broker import LocalBroker; from rankscope.config import Settings; LocalBroker(Settings.from_env()).ensure_jars()"
+	$(BIN)/python -c "from rankscope.cli.stack.broker import LocalBroker; from rankscope.config import Settings; LocalBroker(Settings.from_env()).ensure_jars()"
 
 demo: install native kafka-jars
 	$(BIN)/rankscope demo
@@ -51,8 +51,8 @@ bench: install native kafka-jars browser
 	$(BIN)/python -m benchmarks
 
 lint: install
-	$(BIN)/ruff check rankscope producers stream_processors offline storage dashboard benchmarks tests
-	$(BIN)/mypy rankscope producers stream_processors offline storage dashboard
+	$(BIN)/ruff check rankscope producers stream_processors offline cli storage dashboard benchmarks tests
+	$(BIN)/mypy rankscope producers stream_processors offline cli storage dashboard
 
 clean: down
 	rm -rf $(RANKSCOPE_DATA_DIR) .pytest_cache

@@ -10,8 +10,8 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 
-from rankscope.admin import ensure_topics
-from rankscope.broker import LocalBroker
+from rankscope.cli.stack.admin import ensure_topics
+from rankscope.cli.stack.broker import LocalBroker
 from rankscope.config import Settings
 
 
@@ -58,7 +58,7 @@ def warm_broker(settings: Settings, requests: int = WARMUP_REQUESTS, sample: int
     from confluent_kafka import Producer
     from confluent_kafka.admin import NewTopic
 
-    from rankscope.admin import admin_client
+    from rankscope.cli.stack.admin import admin_client
 
     pid = LocalBroker(settings).pid()
     if pid is None:

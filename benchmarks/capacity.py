@@ -42,7 +42,7 @@ from typing import Any
 import psutil
 
 from benchmarks._stack import env_for, local_stack
-from rankscope.admin import admin_client, ensure_topics
+from rankscope.cli.stack.admin import admin_client, ensure_topics
 from rankscope.config import Settings
 from rankscope.consuming import one_off_group, open_consumer
 from rankscope.stream_processors.app import app_id

@@ -87,7 +87,7 @@ def _window_jobs(settings: Settings, size: int, repeats: int, wait_ms: float, jo
 
 
 def _window_job_once(settings: Settings, size: int, repeats: int, wait_ms: float = 0.0) -> dict[str, Any]:
-    from rankscope.broker import LocalBroker
+    from rankscope.cli.stack.broker import LocalBroker
 
     out = Path(tempfile.mkdtemp()) / "window.json"
     broker_pid = LocalBroker(settings).pid() if settings.local_broker else None

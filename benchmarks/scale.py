@@ -55,8 +55,8 @@ import msgpack
 import numpy as np
 
 from benchmarks._stack import env_for, free_port
-from rankscope.admin import admin_client, ensure_topics
-from rankscope.broker import LocalBroker
+from rankscope.cli.stack.admin import admin_client, ensure_topics
+from rankscope.cli.stack.broker import LocalBroker
 from rankscope.config import Settings
 from rankscope.consuming import one_off_group, open_consumer
 from rankscope.protocol.alerts import Alert

@@ -110,7 +110,7 @@ def recorder_cost_us(ring: int, rounds: int = 5) -> dict[str, float]:
 
 def _always_on_job(settings: Any, tries: int = 3) -> tuple[dict[str, Any], list[str]]:
     """The job's result after up to ``tries`` runs; failures are returned (and printed), not hidden."""
-    from rankscope.broker import LocalBroker
+    from rankscope.cli.stack.broker import LocalBroker
 
     failures: list[str] = []
     for _ in range(tries):

@@ -8,6 +8,7 @@ COPY rankscope rankscope
 COPY producers producers
 COPY stream_processors stream_processors
 COPY offline offline
+COPY cli cli
 COPY storage storage
 COPY dashboard dashboard
 RUN pip wheel --no-cache-dir --no-deps -w /dist .

@@ -36,6 +36,10 @@ LOG_FORMATS = ("text", "json")
 RESTARTS_ENV = "RANKSCOPE_RESTARTS"
 
 
+# the services that serve /metrics, and the setting that holds each one's port
+METRICS_PORTS = {"processors": "metrics_port_processors", "sink": "metrics_port_sink", "serve": "metrics_port_serve"}
+
+
 @dataclass(frozen=True)
 class Settings:
     """All rankscope settings. See README "Settings" for each one."""
@@ -246,6 +250,19 @@ class Settings:
     @property
     def embedded_store(self) -> bool:
         return self.store_dsn.startswith("chdb://")
+
+    def metrics_port(self, service: str) -> int:
+        """The /metrics port of ``service`` (processors, sink, serve; 0 = off; any other service has none)."""
+        field = METRICS_PORTS.get(service)
+        return int(getattr(self, field)) if field else 0
+
+    def metrics_url(self, service: str) -> str | None:
+        """``http://<metrics_host>:<port>/metrics`` of ``service``, or None when its port is 0."""
+        port = self.metrics_port(service)
+        if not port:
+            return None
+        host = self.metrics_host
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
     def with_overrides(self, **kw: Any) -> Settings:
         return dataclasses.replace(self, **{k: v for k, v in kw.items() if v is not None})

@@ -43,9 +43,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Histogram, ProcessCollector
 from prometheus_client.exposition import start_http_server
 
-from rankscope import services
 from rankscope.config import RESTARTS_ENV, Settings
 from rankscope.protocol.alerts import ALERT_KINDS
+from rankscope.version import package_version
 
 log = logging.getLogger(__name__)
 
@@ -200,11 +200,11 @@ def start_metrics(settings: Settings, service: str, metrics: Metrics | None = No
     except ValueError:
         restarts = 0
     m.restarts.labels(service).set(restarts)
-    m.info.labels(service, services.package_version()).set(1)
-    url = services.metrics_url(settings, service)
+    m.info.labels(service, package_version()).set(1)
+    url = settings.metrics_url(service)
     if url is None:
         return None
-    port = services.metrics_port(settings, service)
+    port = settings.metrics_port(service)
     try:
         m.server, _ = start_http_server(port, addr=settings.metrics_host, registry=m.registry)
     except OSError as e:

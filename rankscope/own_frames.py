@@ -3,7 +3,7 @@
 Names come in three forms: the profiler's ``path/file.py(12): func``, the heartbeat stacks'
 ``path/file.py:12 func`` (producers/stacks.py), and bare function names. A frame is rankscope's own
 when its function is a wrapper (``_rankscope_*``) or its file is one of rankscope's modules
-(producers, rankscope, stream_processors, storage, dashboard; the example job rankscope/demo is
+(producers, rankscope, stream_processors, offline, cli, storage, dashboard; the example job rankscope/demo is
 the user's code), matched on the package-relative path, so a user's ``storage/io.py`` is not hidden
 unless rankscope ships a ``storage/io.py`` too.
 
@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 WRAPPER_PREFIX = "_rankscope_"
-PACKAGES = ("producers", "rankscope", "stream_processors", "storage", "dashboard")
+PACKAGES = ("producers", "rankscope", "stream_processors", "offline", "cli", "storage", "dashboard")
 _PROFILER = re.compile(r"^(?P<path>.*?\.py)\(\d+\): (?P<func>.*)$")
 _LABEL = re.compile(r"^(?P<path>\S*?\.py):\d+ (?P<func>.*)$")
 

@@ -164,7 +164,7 @@ def run_worker(settings: Settings, loglevel: str = "WARNING") -> None:
     start_metrics(settings, "processors")
     tune_for_streaming()
     try:
-        # rankscope.logs set up logging (log_format); faust keeps it.
+        # rankscope.cli.logs set up logging (log_format); faust keeps it.
         Worker(app, loglevel=loglevel, quiet=True, override_logging=False).execute_from_commandline()
     finally:
         app.rankscope_stages[0].stop()  # type: ignore[attr-defined]

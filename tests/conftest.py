@@ -1,7 +1,7 @@
 """Shared pytest fixtures.
 
 Kafka: one real broker per test session (``kafka_settings``), started from the project's own
-jars (rankscope/broker.py) on free loopback ports with a throw-away data dir under /tmp.
+jars (cli/stack/broker.py) on free loopback ports with a throw-away data dir under /tmp.
 Set RANKSCOPE_BOOTSTRAP_SERVERS to run against an external cluster instead (no local broker).
 If the broker cannot start, the fixture raises: Kafka tests fail, they are never skipped.
 """
@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from rankscope.admin import delete_topics, ensure_topics
-from rankscope.broker import LocalBroker
+from rankscope.cli.stack.admin import delete_topics, ensure_topics
+from rankscope.cli.stack.broker import LocalBroker
 from rankscope.config import Settings
 from rankscope.topics import all_topic_names
 

@@ -58,7 +58,7 @@ def start_job(settings: Settings, job: str, log: Path, *args: str, nproc: int = 
 def processors_and_sink(kafka_settings: Settings, work: Path, rules: dict[str, str]) -> Iterator[tuple[Settings, Any]]:
     """Fresh topics, a processors worker subprocess with ``rules`` (RANKSCOPE_* variables), and a
     sink thread writing a chDB store in ``work``: yields the settings and the store."""
-    from rankscope.admin import ensure_topics
+    from rankscope.cli.stack.admin import ensure_topics
     from rankscope.storage.sink import Sink
     from rankscope.storage.store import close_store, open_store
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rankscope.admin import ensure_topics
+from rankscope.cli.stack.admin import ensure_topics
 from rankscope.config import Settings
 from tests.integration.helpers import child_env, start_processors, stop_process, tail
 
@@ -36,7 +36,7 @@ def processors(kafka_settings: Settings, work: Path, prefix: str) -> Iterator[Se
 def replayed_report(settings: Settings, job: str, window_id: str, paths: list[Path], timeout_s: float = 300
                     ) -> dict[str, Any]:
     """Replay ``paths`` as window ``window_id`` of ``job`` and return the processors' report of it."""
-    from rankscope.commands.report import wait_for_report
+    from rankscope.cli.commands.report import wait_for_report
 
     out = subprocess.run([sys.executable, "-m", "rankscope", "replay", *map(str, paths), "--job", job,
                           "--window-id", window_id], env=child_env(settings), capture_output=True, text=True,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.admin import ensure_topics
+from rankscope.cli.stack.admin import ensure_topics
 from rankscope.config import Settings
 from tests.integration.helpers import (
     AlertReader,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.admin import ensure_topics
+from rankscope.cli.stack.admin import ensure_topics
 from rankscope.config import Settings
 from rankscope.own_frames import is_own_frame
 from rankscope.protocol.envelope import decode

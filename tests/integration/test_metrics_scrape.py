@@ -21,7 +21,6 @@ import pytest
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
-from rankscope import services
 from rankscope.config import RESTARTS_ENV, Settings
 from rankscope.gc_tuning import STREAMING_THRESHOLDS
 from rankscope.protocol.envelope import Envelope, encode, rank_key
@@ -94,7 +93,7 @@ def test_each_service_serves_metrics_and_its_counters_move(
     settings, logs = stack
     urls: dict[str, str] = {}
     for name, s in settings.items():
-        url = services.metrics_url(s, name)
+        url = s.metrics_url(name)
         assert url is not None, name
         urls[name] = url
     diag = lambda: "\n".join(f"--- {n}\n{tail(p, 40)}" for n, p in logs.items())  # noqa: E731

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.commands.export import FR_PREFIX, write_fr_dumps
+from rankscope.cli.commands.export import FR_PREFIX, write_fr_dumps
 from rankscope.config import Settings
 from rankscope.storage.fr_dumps import collective_states, rank_dumps
 from rankscope.storage.store import Store

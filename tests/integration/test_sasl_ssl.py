@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from rankscope.admin import ensure_topics
-from rankscope.broker import LocalBroker
+from rankscope.cli.stack.admin import ensure_topics
+from rankscope.cli.stack.broker import LocalBroker
 from rankscope.config import Settings
 from rankscope.dashboard import control
 from rankscope.kafka_client import client_conf

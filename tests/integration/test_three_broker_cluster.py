@@ -1,6 +1,6 @@
 """A broker lost mid-job on a three-node KRaft cluster loses no step and no alert.
 
-Three nodes from the project's own start-up (rankscope/broker_cluster.py LocalCluster: each node a combined
+Three nodes from the project's own start-up (cli/stack/broker_cluster.py LocalCluster: each node a combined
 broker + controller, one quorum, one cluster id), topics at replication 3 and min.insync.replicas 2.
 A real torchrun job sends its steps; real `rankscope processors` and a real sink (a thread writing
 chDB) consume them. Mid-job the node that leads the steps partitions of most of the job's ranks is
@@ -27,8 +27,8 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from rankscope.admin import admin_client, ensure_topics
-from rankscope.broker_cluster import LocalCluster
+from rankscope.cli.stack.admin import admin_client, ensure_topics
+from rankscope.cli.stack.broker_cluster import LocalCluster
 from rankscope.config import Settings
 from rankscope.protocol.envelope import rank_key
 from rankscope.topics import Topic, all_topic_names

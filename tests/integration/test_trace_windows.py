@@ -16,7 +16,7 @@ import msgpack
 import pytest
 from confluent_kafka import Producer
 
-from rankscope.admin import ensure_topics
+from rankscope.cli.stack.admin import ensure_topics
 from rankscope.config import Settings
 from rankscope.protocol.envelope import Envelope, encode
 from rankscope.storage.sink import Sink

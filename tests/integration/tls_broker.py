@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from rankscope.broker import LocalBroker, SaslSslListener
+from rankscope.cli.stack.broker import LocalBroker, SaslSslListener
 from rankscope.config import Settings
 
 USER = "rankscope-test"

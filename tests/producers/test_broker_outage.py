@@ -11,8 +11,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from rankscope.admin import ensure_topics
-from rankscope.broker import LocalBroker
+from rankscope.cli.stack.admin import ensure_topics
+from rankscope.cli.stack.broker import LocalBroker
 from rankscope.config import Settings
 from rankscope.topics import Topic
 from tests.integration.helpers import TopicReader, child_env, free_port, wait_until

@@ -95,7 +95,7 @@ def test_processors_drop_wrapper_frames_of_older_stacks_and_keep_the_wait() -> N
 
 def test_own_frame_names_in_every_form() -> None:
     for name in ("producers/collectives.py(54): _rankscope_timed_collective", "/opt/x/producers/tracer.py(9): step",
-                 "producers/tracer.py:9 step", "_rankscope_step_marker", "/srv/rankscope/cli.py(3): main"):
+                 "producers/tracer.py:9 step", "_rankscope_step_marker", "/srv/cli/__init__.py(3): main"):
         assert is_own_frame(name), name
     for name in ("train.py(3): main", "/src/rankscope/demo/train.py(40): train_step", "storage/io.py(1): load",
                  "torch/nn/modules/module.py(1501): _call_impl", "forward"):

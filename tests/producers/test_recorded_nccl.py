@@ -57,7 +57,7 @@ def test_the_beats_of_the_gpu_rank_carried_timed_nccl_collectives() -> None:
 
 
 def test_pytorchs_analyzer_reads_the_exported_nccl_dump(tmp_path: Path) -> None:
-    from rankscope.commands.export import write_fr_dumps
+    from rankscope.cli.commands.export import write_fr_dumps
 
     folder = tmp_path / "fr"
     write_fr_dumps({0: _nccl_dump()}, folder)

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from rankscope import cli
-from rankscope.clock import ManualClock
-from rankscope.commands.webhook_delivery import (
+from rankscope.cli.commands.webhook_delivery import (
     DELIVERED,
     GAVE_UP,
     REJECTED,
@@ -23,8 +22,9 @@ from rankscope.commands.webhook_delivery import (
     post_json,
     url_for_logs,
 )
-from rankscope.commands.webhook_formats import ZERO_TIME, alertmanager_payload, rfc3339, slack_payload
-from rankscope.commands.webhook_forwarder import Forwarder, RecentDeliveries, forward
+from rankscope.cli.commands.webhook_formats import ZERO_TIME, alertmanager_payload, rfc3339, slack_payload
+from rankscope.cli.commands.webhook_forwarder import Forwarder, RecentDeliveries, forward
+from rankscope.clock import ManualClock
 from rankscope.config import Settings
 from rankscope.protocol.alerts import Alert, StackGroup
 from tests.webhook_server import WebhookServer

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from rankscope.broker import LocalBroker, ensure_broker
+from rankscope.cli.stack.broker import LocalBroker, ensure_broker
 from rankscope.config import Settings
 from rankscope.topics import Topic
 

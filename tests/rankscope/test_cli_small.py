@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 import rankscope
-from rankscope import cli, services
+from rankscope import cli
 from rankscope.config import RESTARTS_ENV, unknown_env
+from rankscope.version import package_version
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +44,7 @@ def test_version_falls_back_to_the_package_version(monkeypatch: pytest.MonkeyPat
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
-    assert services.package_version() == rankscope.__version__
+    assert package_version() == rankscope.__version__
 
 
 def test_unknown_env_names_the_closest_setting() -> None:

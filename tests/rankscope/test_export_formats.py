@@ -74,7 +74,7 @@ TABLES = ("temporal_breakdown", "comm_comp_overlap", "kernel_type_breakdown", "i
 def stored_recording(tmp_path: Path) -> Iterator[str]:
     """A recorded A100 NCCL trace (cuda_runtime launches and kernels with correlation ids) stored as a
     live window is: the ranks' columnar code and chunks, the wire, the sink's row code, chDB."""
-    from rankscope.commands.replay import window_messages
+    from rankscope.cli.commands.replay import window_messages
     from rankscope.offline.kineto import load_trace
     from rankscope.offline.replay import epoch_base_ns, event_dicts
     from rankscope.protocol.envelope import Envelope, decode, encode

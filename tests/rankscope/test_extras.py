@@ -7,8 +7,9 @@ import types
 
 import pytest
 
-from rankscope import extras, torch_check
-from rankscope.extras import MissingExtra
+from rankscope import torch_check
+from rankscope.cli import extras
+from rankscope.cli.extras import MissingExtra
 
 
 def test_require_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

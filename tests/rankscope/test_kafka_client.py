@@ -160,7 +160,7 @@ def test_faust_gets_scram_credentials_with_a_context_trusting_the_ca(tmp_path: P
 
 
 def test_the_local_broker_adds_a_sasl_ssl_listener_with_scram_users(tmp_path: Path) -> None:
-    from rankscope.broker import LocalBroker, SaslSslListener
+    from rankscope.cli.stack.broker import LocalBroker, SaslSslListener
 
     settings = Settings(data_dir=str(tmp_path), kafka_port=19092, kafka_controller_port=19093)
     listener = SaslSslListener(port=19094, keystore=tmp_path / "b.p12", keystore_password="kspw",

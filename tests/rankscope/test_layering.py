@@ -2,7 +2,8 @@
 none of the runtimes; producers, processors, sink and dashboard import the ground layer and not
 each other; the offline analysis (offline/) imports the processors' pure analyzers, the ranks'
 summarizer and the store, and nothing live imports it; the CLI imports the runtimes it drives but
-not the dashboard; nothing imports the CLI or the dashboard (``rankscope/__main__.py`` runs the CLI;
+not the dashboard (the CLI, its commands and the local stack they run live in cli/, installed as
+``rankscope.cli``); nothing imports the CLI or the dashboard (``rankscope/__main__.py`` runs the CLI;
 ``storage/serve.py`` hands the dashboard's script to Streamlit, which runs it). The package's public facades
 (``rankscope/__init__.py``: ``Tracer``; ``rankscope/analysis.py``: ``TraceAnalysis``) are a layer of
 their own on top: they load the runtime whose API they expose, and nothing but users imports them.
@@ -20,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIMES = ("producers", "stream_processors", "offline", "storage", "dashboard")
-CLI = ("rankscope.cli", "rankscope.commands", "rankscope.__main__")
+CLI = ("rankscope.cli", "rankscope.__main__")      # cli/: the commands and the local stack they run
 FACADES = ("rankscope", "rankscope.analysis")     # `from rankscope import Tracer`, TraceAnalysis
 
 # package -> the packages it may import besides itself and the ground layer
@@ -31,7 +32,7 @@ MAY_IMPORT = {
     "storage": set(),
     "dashboard": {"storage"},          # the pages read the store
     "rankscope": set(),                # the ground layer
-    "cli": {"producers", "stream_processors", "offline", "storage"},   # rankscope.cli and rankscope.commands
+    "cli": {"producers", "stream_processors", "offline", "storage"},   # cli/: rankscope.cli.*
     "demo": set(),                     # the example job: the tracer through the ground layer's facade
     "facade": {"producers", "offline"},    # the public API: the tracer, the offline analysis
 }
@@ -62,7 +63,7 @@ def imports(path: Path) -> list[str]:
 
 def source_files() -> list[tuple[str, Path]]:
     files = []
-    for pkg in (*RUNTIMES, "rankscope"):
+    for pkg in (*RUNTIMES, "cli", "rankscope"):
         for path in sorted((REPO / pkg).rglob("*.py")):
             rel = path.relative_to(REPO).as_posix()
             module = rel[:-3].replace("/", ".").removesuffix(".__init__")
@@ -150,7 +151,7 @@ def test_the_check_sees_a_cycle(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("module, expected", [("rankscope", "facade"), ("rankscope.analysis", "facade"),
-                                              ("rankscope.protocol.envelope", "rankscope"), ("rankscope.commands.trace", "cli"),
+                                              ("rankscope.protocol.envelope", "rankscope"), ("rankscope.cli.commands.trace", "cli"),
                                               ("rankscope.storage.sink", "storage")])
 def test_modules_are_placed_in_their_layer(module, expected):
     assert layer(module) == expected
@@ -166,7 +167,7 @@ def test_the_check_sees_a_violation(tmp_path, monkeypatch):
     are an import of the offline analysis from the processors and of the dashboard from the CLI."""
     fake = tmp_path / "stream_processors"
     fake.mkdir()
-    (fake / "bad.py").write_text("def f():\n    from rankscope.commands.trace import run\n")
+    (fake / "bad.py").write_text("def f():\n    from rankscope.cli.commands.trace import run\n")
     (fake / "ok.py").write_text("from rankscope.protocol.envelope import decode\nfrom rankscope.stream_processors import app\n")
     (fake / "also_bad.py").write_text("from rankscope.producers.tracer import Tracer\n")
     (fake / "offline_bad.py").write_text("def f():\n    from rankscope.offline.kineto import load_trace\n")
@@ -174,16 +175,16 @@ def test_the_check_sees_a_violation(tmp_path, monkeypatch):
     offline.mkdir()
     (offline / "ok.py").write_text("from rankscope.stream_processors.analysis.report import build_report\n"
                                    "from rankscope.producers.trace_events import summarize\n")
-    commands = tmp_path / "rankscope" / "commands"
+    commands = tmp_path / "cli" / "commands"
     commands.mkdir(parents=True)
     (commands / "bad.py").write_text("def run():\n    from rankscope.dashboard import queries\n")
-    (commands / "ok.py").write_text("from rankscope.storage.windows import trace_events\nfrom rankscope.commands import bad\n")
+    (commands / "ok.py").write_text("from rankscope.storage.windows import trace_events\nfrom rankscope.cli.commands import bad\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["REPO"]), "REPO", tmp_path)
     assert violations() == [
         "stream_processors/also_bad.py imports rankscope.producers.tracer (stream_processors -> producers)",
-        "stream_processors/bad.py imports rankscope.commands.trace (stream_processors -> cli)",
+        "stream_processors/bad.py imports rankscope.cli.commands.trace (stream_processors -> cli)",
         "stream_processors/offline_bad.py imports rankscope.offline.kineto (stream_processors -> offline)",
-        "rankscope/commands/bad.py imports rankscope.dashboard (cli -> dashboard)"]
+        "cli/commands/bad.py imports rankscope.dashboard (cli -> dashboard)"]
 
 
 def test_every_import_uses_the_installed_names():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.broker import BrokerError, LocalBroker
-from rankscope.broker_cluster import CLUSTER_JVM_OPTS, LocalCluster
+from rankscope.cli.stack.broker import BrokerError, LocalBroker
+from rankscope.cli.stack.broker_cluster import CLUSTER_JVM_OPTS, LocalCluster
 from rankscope.config import Settings
 
 

@@ -1,4 +1,4 @@
-"""rankscope.logs: text and JSON lines, the root handler it installs, and secrets masked."""
+"""rankscope.cli.logs: text and JSON lines, the root handler it installs, and secrets masked."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from rankscope import logs
+from rankscope.cli import logs
 from rankscope.config import ConfigError, Settings
 
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rankscope import services
+from rankscope.cli.stack.supervisor import BackoffPolicy, ServiceSpec, Supervisor
 from rankscope.config import RESTARTS_ENV, ConfigError, Settings
 from rankscope.metrics import Metrics, start_metrics
-from rankscope.supervisor import BackoffPolicy, ServiceSpec, Supervisor
+from rankscope.version import package_version
 from tests.integration.helpers import free_port, wait_until
 from tests.kafka_fakes import Message as Msg
 
@@ -125,12 +125,12 @@ def test_start_metrics_serves_http_with_restarts_and_info() -> None:
     m = Metrics()
     url = start_metrics(settings, "sink", m, environ={RESTARTS_ENV: "3"})
     try:
-        assert url == f"http://127.0.0.1:{port}/metrics" == services.metrics_url(settings, "sink")
+        assert url == f"http://127.0.0.1:{port}/metrics" == settings.metrics_url("sink")
         m.inserted("steps", 7, 0.01)
         got = scrape(url)
         assert got["rankscope_service_restarts"][(("service", "sink"),)] == 3
         (info,) = got["rankscope_service_info"]
-        assert dict(info)["service"] == "sink" and dict(info)["version"] == services.package_version()
+        assert dict(info)["service"] == "sink" and dict(info)["version"] == package_version()
         assert got["rankscope_rows_inserted_total"][(("table", "steps"),)] == 7
     finally:
         m.stop_server()

@@ -20,10 +20,10 @@ from typing import TypeVar
 
 import pytest
 
-from rankscope import services
+from rankscope.cli.stack import services
+from rankscope.cli.stack.supervisor import BackoffPolicy, ServiceSpec, Supervisor, describe_exit, read_state
 from rankscope.clock import ManualClock
 from rankscope.config import Settings
-from rankscope.supervisor import BackoffPolicy, ServiceSpec, Supervisor, describe_exit, read_state
 from tests.integration.helpers import wait_until
 
 T = TypeVar("T")

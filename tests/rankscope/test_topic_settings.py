@@ -8,8 +8,8 @@ import uuid
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from rankscope.admin import admin_client, delete_topics, ensure_topics, topic_differences
 from rankscope.cli import main
+from rankscope.cli.stack.admin import admin_client, delete_topics, ensure_topics, topic_differences
 from rankscope.config import ConfigError, Settings
 from rankscope.retention import TOPIC_RETENTION_H, overrides
 from rankscope.topics import Topic, all_topic_names, topic_configs

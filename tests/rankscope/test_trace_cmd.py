@@ -11,7 +11,7 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from rankscope.admin import delete_topics
+from rankscope.cli.stack.admin import delete_topics
 from rankscope.config import Settings
 from rankscope.protocol.envelope import Envelope, encode
 from rankscope.topics import Topic

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 
-from rankscope.commands.trace import request_from_args
+from rankscope.cli.commands.trace import request_from_args
 from rankscope.config import Settings
 from rankscope.dashboard import control
 from rankscope.protocol.envelope import Envelope, decode, encode

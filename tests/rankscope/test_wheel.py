@@ -22,11 +22,11 @@ import pytest
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("rankscope", "producers", "stream_processors", "offline", "storage", "dashboard")
+PACKAGES = ("rankscope", "producers", "stream_processors", "offline", "cli", "storage", "dashboard")
 PROJECT_FILES = ("pyproject.toml", "LICENSE", "README.md")  # what pyproject names besides the packages
 RUNTIMES = PACKAGES[1:]           # installed as rankscope.producers, rankscope.storage, ...
 # Every data file a package reads at run time, as globs in the repo.
-DATA_GLOBS = ("rankscope/*.json", "storage/*.sql", "storage/migrations/*", "rankscope/kafka/*",
+DATA_GLOBS = ("rankscope/*.json", "storage/*.sql", "storage/migrations/*", "cli/stack/kafka/*",
               "producers/native/*.cpp", "producers/native/*.h", "dashboard/*/*.py")
 # The wheel declares these extras; the rank side (no extra) never pulls a server dependency.
 EXTRAS = {"gpu", "analysis", "processors", "sink", "dashboard", "embedded", "server", "dev"}
@@ -130,7 +130,7 @@ def test_wheel_has_every_data_file(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = sorted({installed_path(str(p.relative_to(REPO))) for g in DATA_GLOBS for p in REPO.glob(g)
                        if p.is_file() and not p.name.startswith(".")})
-    assert {"rankscope/alert.schema.json", "rankscope/storage/schema.sql", "rankscope/kafka/pom.xml",
+    assert {"rankscope/alert.schema.json", "rankscope/storage/schema.sql", "rankscope/cli/stack/kafka/pom.xml",
             "rankscope/producers/native/kineto_columns.cpp", "rankscope/producers/native/window_math.h"} <= set(expected)
     assert any(e.startswith("rankscope/storage/migrations/") for e in expected)
     missing = [e for e in expected if e not in names]

@@ -17,36 +17,6 @@ class ServiceError(RuntimeError):
     pass
 
 
-METRICS_PORTS = {"processors": "metrics_port_processors", "sink": "metrics_port_sink", "serve": "metrics_port_serve"}
-
-
-def metrics_port(settings: Settings, name: str) -> int:
-    """The /metrics port of service ``name`` (0 = off; a service without a port setting has none)."""
-    field = METRICS_PORTS.get(name)
-    return int(getattr(settings, field)) if field else 0
-
-
-def metrics_url(settings: Settings, name: str) -> str | None:
-    """``http://<metrics_host>:<port>/metrics`` of service ``name``, or None when its port is 0."""
-    port = metrics_port(settings, name)
-    if not port:
-        return None
-    host = settings.metrics_host
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
-
-
-def package_version() -> str:
-    """The installed distribution's version, else the package's ``__version__``."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("rankscope")
-    except PackageNotFoundError:
-        from rankscope import __version__
-
-        return __version__
-
-
 def run_dir(settings: Settings) -> Path:
     d = Path(settings.data_dir) / "run"
     d.mkdir(parents=True, exist_ok=True)

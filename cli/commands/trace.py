@@ -57,7 +57,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     rc, request_id = send_and_wait(args, settings)
     if rc != 0 or not args.auto_analyze or args.stop:
         return rc
-    from rankscope.commands.report import render_markdown_for, wait_for_report, write_report
+    from rankscope.cli.commands.report import render_markdown_for, wait_for_report, write_report
 
     rep = wait_for_report(settings, args.job, request_id, max(args.timeout, settings.report_deadline_s + 30))
     if rep is None:

@@ -26,8 +26,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from rankscope.clock import SYSTEM_CLOCK, Clock
-from rankscope.commands.webhook_delivery import (
+from rankscope.cli.commands.webhook_delivery import (
     DELIVERED,
     STOPPED,
     RetryPolicy,
@@ -37,6 +36,7 @@ from rankscope.commands.webhook_delivery import (
     post_json,
     sleep,
 )
+from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.protocol.alerts import Alert
 
 log = logging.getLogger("rankscope.alerts.webhook")

@@ -13,8 +13,8 @@ import os
 import shlex
 import sys
 
+from rankscope.cli.logs import SECRET_NAME
 from rankscope.config import ConfigError, Settings
-from rankscope.logs import SECRET_NAME
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@
 
 1. start every service as a child in its own session (stdout and stderr appended to
    ``<data_dir>/logs/<name>.log``) and write ``<data_dir>/run/<name>.pid``, which
-   :func:`rankscope.services.pid_of` reads;
+   :func:`rankscope.cli.stack.services.pid_of` reads;
 2. poll the children every ``tick_s``; when one exits without being asked to, write its exit status
    (code or signal) into that service's log, SIGKILL what is left of its process group, and start it
    again after the :class:`BackoffPolicy` delay; each child gets ``RANKSCOPE_RESTARTS``, how many
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rankscope import services
+from rankscope.cli.stack import services
 from rankscope.clock import SYSTEM_CLOCK, Clock
 from rankscope.config import RESTARTS_ENV, Settings
 

@@ -1,4 +1,4 @@
-"""A local Apache Kafka cluster of N KRaft nodes (rankscope/broker.py's broker, N times).
+"""A local Apache Kafka cluster of N KRaft nodes (cli/stack/broker.py's broker, N times).
 
 :class:`LocalCluster` starts N nodes on 127.0.0.1 (each a combined broker + controller, all of them
 voters of one KRaft quorum, one cluster id formatted into each node's storage) under
@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rankscope.admin import admin_client
-from rankscope.broker import BrokerError, LocalBroker, new_cluster_id
+from rankscope.cli.stack.admin import admin_client
+from rankscope.cli.stack.broker import BrokerError, LocalBroker, new_cluster_id
 from rankscope.config import Settings
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 
-from rankscope import services
+from rankscope.cli.stack import services
 from rankscope.config import Settings
 
 
@@ -62,7 +62,7 @@ def demo_job(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def demo(args: argparse.Namespace, settings: Settings) -> int:
-    from rankscope.commands.local_stack import up
+    from rankscope.cli.commands.local_stack import up
 
     rc = up(args, settings)
     if rc:

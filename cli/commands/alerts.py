@@ -2,7 +2,7 @@
 
 ``rankscope alerts --webhook URL [--format alertmanager|slack] [--group G]``: forward every alert
 version to a webhook, once, in Alertmanager's or Slack's format, until SIGTERM
-(rankscope/commands/webhook_forwarder.py).
+(cli/commands/webhook_forwarder.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import time
 import urllib.parse
 from datetime import UTC, datetime
 
-from rankscope.commands.webhook_delivery import RetryPolicy, url_for_logs
-from rankscope.commands.webhook_formats import FORMATS
+from rankscope.cli.commands.webhook_delivery import RetryPolicy, url_for_logs
+from rankscope.cli.commands.webhook_formats import FORMATS
 from rankscope.config import Settings
 from rankscope.consuming import one_off_group, open_consumer
 from rankscope.protocol.alerts import Alert
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def run_webhook(args: argparse.Namespace, settings: Settings) -> int:
     """Forward the alerts topic to ``args.webhook`` until SIGTERM or SIGINT; 2 on bad flags."""
-    from rankscope.commands.webhook_forwarder import Forwarder, forward
+    from rankscope.cli.commands.webhook_forwarder import Forwarder, forward
 
     if urllib.parse.urlsplit(args.webhook).scheme not in ("http", "https"):
         print(f"rankscope alerts: --webhook must be an http:// or https:// URL, got {args.webhook!r}", file=sys.stderr)

@@ -1,10 +1,10 @@
 """The project-managed Apache Kafka broker: single node, KRaft (combined broker + controller), loopback.
 
-Jars come from Maven Central via ``rankscope/kafka/pom.xml`` into ``<cache_dir>/kafka-<version>/libs``
+Jars come from Maven Central via ``cli/stack/kafka/pom.xml`` into ``<cache_dir>/kafka-<version>/libs``
 (once); state lives in ``<data_dir>/kafka/`` (server.properties, data/, broker.log, server.log,
 broker.pid). The broker is a detached ``java`` process, so it outlives the command that started it
 and is found again through the pid file.
-rankscope/broker_cluster.py starts N such nodes as one cluster.
+cli/stack/broker_cluster.py starts N such nodes as one cluster.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankscope.admin import kafka_answers
+from rankscope.cli.stack.admin import kafka_answers
 from rankscope.config import Settings
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class SaslSslListener:
 class LocalBroker:
     """One single-node KRaft broker on 127.0.0.1:settings.kafka_port (and ``sasl_ssl.port`` when given).
 
-    The keyword arguments make it one node of a LocalCluster (rankscope/broker_cluster.py) instead: its ``node_id``, its
+    The keyword arguments make it one node of a LocalCluster (cli/stack/broker_cluster.py) instead: its ``node_id``, its
     ports, every voter of the quorum (node id -> controller port), its own ``home``, the cluster id
     its storage is formatted with, the replication of the internal topics (min ISR one less), and
     the JVM flags (heap).
@@ -198,7 +198,7 @@ class LocalBroker:
     def write_config(self) -> Path:
         self.home.mkdir(parents=True, exist_ok=True)
         body = "".join(f"{k}={v}\n" for k, v in self.server_properties().items())
-        self.config_path.write_text("# Written by rankscope/broker.py; rewritten on every start.\n" + body)
+        self.config_path.write_text("# Written by cli/stack/broker.py; rewritten on every start.\n" + body)
         self.config_path.chmod(0o600)  # may hold the keystore password
         return self.config_path
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rankscope.admin import KafkaUnavailable, ensure_topics, kafka_answers, topic_differences
-from rankscope.broker import BrokerError, LocalBroker, ensure_broker
+from rankscope.cli.stack.admin import KafkaUnavailable, ensure_topics, kafka_answers, topic_differences
+from rankscope.cli.stack.broker import BrokerError, LocalBroker, ensure_broker
 from rankscope.config import Settings
 
 

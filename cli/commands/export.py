@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rankscope.commands import export_formats
+from rankscope.cli.commands import export_formats
 from rankscope.config import Settings
 
 

@@ -1,4 +1,4 @@
-"""The ``rankscope`` command. Each subcommand lives in rankscope/commands/<name>.py and exposes
+"""The ``rankscope`` command. Each subcommand lives in cli/commands/<name>.py and exposes
 ``register(subparsers, common)``; this module only discovers and dispatches them.
 """
 
@@ -10,10 +10,11 @@ import logging
 import pkgutil
 import sys
 
-from rankscope import logs, services
+from rankscope.cli import logs
+from rankscope.cli.extras import MissingExtra, extra_for
 from rankscope.config import ConfigError, Settings, unknown_env
-from rankscope.extras import MissingExtra, extra_for
 from rankscope.kafka_client import KafkaAuthError
+from rankscope.version import package_version
 
 log = logging.getLogger("rankscope.cli")
 
@@ -40,12 +41,12 @@ SETTING_FLAGS = ("data_dir", "bootstrap_servers", "kafka_port", "clickhouse_dsn"
 def build_parser() -> argparse.ArgumentParser:
     common = common_parser()
     parser = argparse.ArgumentParser(prog="rankscope", description="rankscope: find out, while it runs, why a distributed PyTorch job is slow or stuck.")
-    parser.add_argument("--version", action="version", version=f"rankscope {services.package_version()}")
+    parser.add_argument("--version", action="version", version=f"rankscope {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    import rankscope.commands as pkg
+    import rankscope.cli.commands as pkg
 
     for mod in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"rankscope.commands.{mod.name}")
+        module = importlib.import_module(f"rankscope.cli.commands.{mod.name}")
         if hasattr(module, "register"):
             module.register(sub, common)
     return parser

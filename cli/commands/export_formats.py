@@ -133,7 +133,7 @@ def _write_kineto_dir(out_dir: Path, docs: dict[int, Any]) -> int | None:
 
 
 def _stored(args: argparse.Namespace, settings: Settings) -> int:
-    from rankscope.commands.export import LOCKED_HINT, resolve_window
+    from rankscope.cli.commands.export import LOCKED_HINT, resolve_window
     from rankscope.storage.query_endpoint import open_read_store
     from rankscope.storage.store import StoreError, StoreLocked
     from rankscope.storage.windows import window_python_paths

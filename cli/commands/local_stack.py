@@ -1,7 +1,7 @@
 """``rankscope up|down|status|processors|supervise``: the whole local stack, and the processors worker.
 
 ``up`` starts one detached ``supervise`` process, which runs ``processors`` and ``serve`` as its
-children and restarts them when they exit (rankscope/supervisor.py); ``down`` stops it, then
+children and restarts them when they exit (cli/stack/supervisor.py); ``down`` stops it, then
 whatever is left.
 """
 
@@ -14,7 +14,8 @@ import signal
 import sys
 import time
 
-from rankscope import extras, services, supervisor
+from rankscope.cli import extras
+from rankscope.cli.stack import services, supervisor
 from rankscope.config import Settings
 
 SERVICES = ("processors", "serve")
@@ -41,8 +42,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def up(args: argparse.Namespace, settings: Settings) -> int:
     extras.require("rankscope up", "processors", "dashboard", *extras.store_extras(settings.embedded_store))
-    from rankscope.admin import ensure_topics
-    from rankscope.broker import ensure_broker
+    from rankscope.cli.stack.admin import ensure_topics
+    from rankscope.cli.stack.broker import ensure_broker
     from rankscope.storage.serve import check_bind
 
     check_bind(settings)  # before starting anything: serve would refuse, and be restarted, forever
@@ -71,7 +72,7 @@ def down(args: argparse.Namespace, settings: Settings) -> int:
         if services.stop(settings, name):
             print(f"stopped {name}")
     if settings.local_broker and not args.keep_kafka:
-        from rankscope.broker import LocalBroker
+        from rankscope.cli.stack.broker import LocalBroker
 
         if LocalBroker(settings).stop():
             print("stopped kafka")
@@ -79,7 +80,7 @@ def down(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def status(args: argparse.Namespace, settings: Settings) -> int:
-    from rankscope.broker import LocalBroker
+    from rankscope.cli.stack.broker import LocalBroker
 
     running = LocalBroker(settings).is_running() if settings.local_broker else None
     print(f"kafka        {settings.bootstrap} {'running' if running else 'external' if running is None else 'stopped'}")
@@ -102,7 +103,7 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _metrics(settings: Settings, name: str) -> str:
-    url = services.metrics_url(settings, name)
+    url = settings.metrics_url(name)
     return f"  metrics {url}" if url else ""
 
 
@@ -140,7 +141,7 @@ def supervise(args: argparse.Namespace, settings: Settings) -> int:
 
 def processors(args: argparse.Namespace, settings: Settings) -> int:
     extras.require("rankscope processors", "processors")
-    from rankscope.admin import ensure_topics
+    from rankscope.cli.stack.admin import ensure_topics
     from rankscope.stream_processors.app import run_worker
 
     ensure_topics(settings, timeout_s=60)

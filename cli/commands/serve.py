@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rankscope import extras
+from rankscope.cli import extras
 from rankscope.config import Settings
 
 
