@@ -6,12 +6,15 @@
 The suite's time is mostly integration scenarios that wait (a hang to be named, a restart to
 rebuild its state) while a job or a load generator runs. The lanes are:
 
-- ``jobs``: the tests that run real torchrun jobs (marker ``torchrun``). Their ranks compute on
-  every core and their detection is judged on the job's own timings, so this lane runs at normal
-  priority and is the only one that starts jobs.
-- ``faults``: the other integration tests (processor kills and restarts, SASL, replays), which wait
-  on processors and brokers far more than they compute. Normal priority: their restart deadlines
-  are measured.
+- ``jobs``: the tests that run real torchrun jobs (marker ``torchrun``) and judge detection on the
+  job's own timings (how soon a slow rank is named, that a healthy run raises nothing). Their ranks
+  compute on every core, so this lane runs at normal priority.
+- ``faults``: the other integration and deploy tests (processor kills and restarts, SASL, replays),
+  which wait on processors and brokers far more than they compute, and the torchrun tests marked
+  ``fault_lane`` (trace windows on request, a broker killed mid-job, the monitoring panels' queries
+  on a job's store), whose jobs only feed what they check. Normal priority: their restart
+  deadlines are measured. ``fault_lane`` is for tests under tests/integration and tests/deploy
+  only (tests/test_run_lanes.py checks it), the folders this lane runs.
 - ``units``: everything else (unit, store, dashboard and browser tests). CPU-bound and with no
   timing of their own, at lower priority (nice 10), so they take the cores the other lanes leave
   idle instead of slowing the jobs they judge.
@@ -36,6 +39,9 @@ REPO = Path(__file__).resolve().parent.parent
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]
 
 
+FAULT_DIRS = ("tests/integration", "tests/deploy")
+
+
 @dataclass(frozen=True)
 class Lane:
     name: str
@@ -44,9 +50,9 @@ class Lane:
 
 
 LANES = (
-    Lane("jobs", ("-m", "torchrun", "tests")),
-    Lane("faults", ("-m", "not torchrun", "tests/integration")),
-    Lane("units", ("-m", "not torchrun", "tests", "--ignore=tests/integration"), nice=10),
+    Lane("jobs", ("-m", "torchrun and not fault_lane", "tests")),
+    Lane("faults", ("-m", "not torchrun or fault_lane", *FAULT_DIRS)),
+    Lane("units", ("-m", "not torchrun", "tests", *(f"--ignore={d}" for d in FAULT_DIRS)), nice=10),
 )
 
 

@@ -313,6 +313,7 @@ def send_gpu_samples(settings: Settings, job: str) -> None:
 @pytest.mark.kafka
 @pytest.mark.clickhouse
 @pytest.mark.torchrun
+@pytest.mark.fault_lane
 def test_every_panel_query_returns_rows_from_a_real_job(kafka_settings: Settings, tmp_path: Path) -> None:
     job = f"grafana-{uuid.uuid4().hex[:6]}"
     log = tmp_path / f"{job}.log"

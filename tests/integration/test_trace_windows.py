@@ -32,7 +32,7 @@ from tests.integration.helpers import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.torchrun]
+pytestmark = [pytest.mark.kafka, pytest.mark.clickhouse, pytest.mark.torchrun, pytest.mark.fault_lane]
 
 
 @pytest.fixture(scope="module")
