@@ -15,11 +15,10 @@ Pipeline per message (snuba's strategy chain, in one thread)::
   A :class:`StoreError` leaves the batch uncommitted: the assignment is paused (the consumer keeps
   polling so it stays in the group) and the same batch is retried with exponential back-off. Tables
   already written are not written again; re-inserts would be harmless anyway (ReplacingMergeTree).
-- The ``ranks`` upsert: a rank whose host, process, world size, local rank or exit changed is written
-  with the batch that saw it; a rank that only progressed (last step, last seen) at most every
-  ``settings.sink_ranks_s``, and on close or revoke. A 10,000-rank job dirties every rank every second,
-  so without this every batch wrote 10,000 rows whatever its size. A sink killed with -9 may leave
-  a rank's last step and last seen that much behind until the rank's next message.
+- The ``ranks`` upsert (storage/rank_upserts.py): a rank whose host, process, world size, local rank
+  or exit changed is written with the batch that saw it; a rank that only progressed (last step, last
+  seen) at most every ``settings.sink_ranks_s``, and on close or revoke. A sink killed with -9 may
+  leave a rank's last step and last seen that much behind until the rank's next message.
 - Rebalance (eager protocol): on revoke the open batch gets one write attempt; if that fails it is
   dropped uncommitted and whoever owns the partitions next re-reads it.
 
@@ -46,6 +45,7 @@ from rankscope.metrics import process_metrics
 from rankscope.protocol.deadletter import DeadLetterCounter
 from rankscope.storage.columns import ARROW_TYPES, JOB_COLUMNS, RANK_COLUMNS, TABLE_ORDER, InvalidMessage
 from rankscope.storage.convert import Batch, RowBuilder
+from rankscope.storage.rank_upserts import RankUpserts
 from rankscope.storage.rows import merge_job, merge_rank
 from rankscope.storage.store import Store, StoreError
 from rankscope.topics import Topic
@@ -158,8 +158,7 @@ class Sink:
         self._paused = False
         self.rows = RowBuilder()
         self._hydrated: set[str] = set()
-        self._deferred_ranks: set[tuple[str, int]] = set()   # progressed, not yet written
-        self._ranks_written_at = float("-inf")
+        self._rank_upserts = RankUpserts(settings.sink_ranks_s)
         self._closed = False
         self._lock = threading.Lock()
         self._rows: Counter[str] = Counter()
@@ -213,8 +212,7 @@ class Sink:
                                   now - batch.started_at >= self.settings.sink_batch_s):
             self._batch = None
             self._write(batch)
-        elif (batch is None and self._pending is None and self._deferred_ranks
-              and now - self._ranks_written_at >= self.settings.sink_ranks_s):
+        elif batch is None and self._pending is None and self._rank_upserts.waiting(now):
             self._write(Batch(started_at=now))   # progress deferred by earlier batches, nothing new since
         return taken
 
@@ -276,7 +274,7 @@ class Sink:
         """One attempt at ``batch`` (when it holds messages) and at the ranks whose write was deferred."""
         if batch is not None and batch.messages:
             self._write(batch, once=True, all_ranks=True)
-        elif self._deferred_ranks:
+        elif self._rank_upserts.deferred:
             self._write(Batch(started_at=self.clock.monotonic()), once=True, all_ranks=True)
 
     def _write(self, batch: Batch, once: bool = False, all_ranks: bool = False) -> bool:
@@ -311,9 +309,8 @@ class Sink:
                 continue
             if table == "ranks":
                 now = self.clock.monotonic()
-                due = all_ranks or now - self._ranks_written_at >= self.settings.sink_ranks_s
-                keys = batch.ranks | self._deferred_ranks if due else batch.urgent_ranks
-                rows = [self.rows.ranks[k] for k in sorted(keys)]
+                keys, due = self._rank_upserts.plan(batch.ranks, batch.urgent_ranks, now, all_ranks)
+                rows = [self.rows.ranks[k] for k in keys]
                 columns = {c: [r[c] for r in rows] for c in RANK_COLUMNS}
             elif table == "jobs":
                 rows = [self.rows.jobs[j] for j in sorted(batch.jobs)]
@@ -327,12 +324,7 @@ class Sink:
             self.metrics.inserted(table, n, time.perf_counter() - t0)
             batch.done.add(table)
             if table == "ranks":
-                if due:
-                    self._deferred_ranks.clear()
-                    self._ranks_written_at = now
-                else:
-                    self._deferred_ranks |= batch.ranks
-                    self._deferred_ranks -= keys
+                self._rank_upserts.written(batch.ranks, keys, due, now)
             with self._lock:
                 self._rows[table] += n
 
