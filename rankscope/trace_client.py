@@ -1,5 +1,6 @@
 """Open trace windows on a running job and follow the ranks' answers: the one loop that
-``rankscope trace`` and the dashboard's Traces page both run.
+``rankscope trace`` and the dashboard's Traces page both run; and wait for a window's diagnosis
+report as the processors publish it (:func:`wait_for_report`, ``rankscope trace --auto-analyze``).
 
 ::
 
@@ -21,10 +22,13 @@ from types import TracebackType
 from typing import Any
 
 from rankscope.config import Settings
+from rankscope.consuming import one_off_group, open_consumer
 from rankscope.control_io import iter_acks, open_replies_reader
 from rankscope.kafka_client import client_conf
 from rankscope.topics import Topic
 from rankscope.trace_request import Plan, TraceRequest, encode_request, plan
+
+REPORT_CLOCK_SKEW_MS = 60_000   # wait_for_report reads reports published this long before it was asked
 
 
 @dataclass(frozen=True)
@@ -98,3 +102,47 @@ class WindowRequest:
         for env in iter_acks(self._consumer, self.req.request_id, deadline, job=self.req.job):
             yield Ack(rank=env.rank, status=str(env.body["status"]), detail=str(env.body["detail"]),
                       window_id=str(env.body.get("window_id", "")), received_ns=time.time_ns())
+
+
+def wait_for_report(settings: Settings, job: str, window_prefix: str, timeout_s: float,
+                    since_ns: int) -> dict[str, Any] | None:
+    """The newest diagnosis report of ``job`` whose window id starts with ``window_prefix`` that the
+    processors published at or after ``since_ns`` (wall clock; e.g. when the request went out),
+    waiting up to ``timeout_s``. Read live from the reports topic, from the first message of each
+    partition at ``since_ns`` less :data:`REPORT_CLOCK_SKEW_MS` on (the processors' clock may be
+    behind this host's), so it needs the processors, not the sink, and rescans nothing older;
+    stored reports are read with :func:`rankscope.storage.reports.latest_report`."""
+    import json
+
+    from confluent_kafka import OFFSET_END, TopicPartition
+
+    topic = Topic.REPORTS.name_for(settings)
+    c = open_consumer(settings, one_off_group("report"), {"enable.auto.commit": False})
+    found: dict[str, Any] | None = None
+    try:
+        meta = c.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise RuntimeError(f"the reports topic {topic} is missing at {settings.bootstrap}; "
+                               "create it with: rankscope kafka topics")
+        since_ms = max(0, since_ns // 1_000_000 - REPORT_CLOCK_SKEW_MS)
+        starts = c.offsets_for_times([TopicPartition(topic, p, since_ms) for p in meta.partitions], timeout=10)
+        c.assign([TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END) for tp in starts])
+        deadline = time.monotonic() + timeout_s
+        idle_since = time.monotonic()
+        while time.monotonic() < deadline:
+            msg = c.poll(0.3)
+            if msg is None or msg.error():
+                if found is not None and time.monotonic() - idle_since > 1.5:
+                    break  # caught up: the newest match is known
+                continue
+            idle_since = time.monotonic()
+            try:
+                rep = json.loads(msg.value() or b"")
+            except ValueError:
+                continue
+            if (isinstance(rep, dict) and rep.get("job") == job
+                    and str(rep.get("window_id", "")).startswith(window_prefix)):
+                found = rep
+    finally:
+        c.close()
+    return found

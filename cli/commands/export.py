@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rankscope.cli import store_reader
 from rankscope.cli.commands import export_formats
 from rankscope.config import Settings
 
@@ -89,24 +90,8 @@ def write_fr_dumps(dumps: dict[int, dict], out: Path) -> list[Path]:
 
 
 def read_store(settings: Settings, read: Any) -> Any:
-    """``read(store)`` on the store (serve's endpoint while serve holds the embedded one), or the
-    exit status after printing why the store could not be read."""
-    from rankscope.storage.query_endpoint import open_read_store
-    from rankscope.storage.store import StoreError, StoreLocked
-
-    try:
-        store, release = open_read_store(settings.store_dsn, settings.data_dir)
-    except StoreLocked as e:
-        print(f"rankscope export: {e}\n{LOCKED_HINT}", file=sys.stderr)
-        return 1
-    except StoreError as e:
-        return _err(str(e), 1)
-    try:
-        return read(store)
-    except StoreError as e:
-        return _err(str(e), 1)
-    finally:
-        release()
+    """``read(store)`` (:func:`rankscope.cli.store_reader.read_store`), or the exit status."""
+    return store_reader.read_store(settings, read, "export", LOCKED_HINT)
 
 
 def export_fr_dumps(args: argparse.Namespace, settings: Settings) -> int:

@@ -133,25 +133,17 @@ def _write_kineto_dir(out_dir: Path, docs: dict[int, Any]) -> int | None:
 
 
 def _stored(args: argparse.Namespace, settings: Settings) -> int:
-    from rankscope.cli.commands.export import LOCKED_HINT, resolve_window
-    from rankscope.storage.query_endpoint import open_read_store
-    from rankscope.storage.store import StoreError, StoreLocked
+    from rankscope.cli.commands.export import read_store, resolve_window
     from rankscope.storage.windows import window_python_paths
 
-    try:
-        store, release = open_read_store(settings.store_dsn, settings.data_dir)   # serve's endpoint while it runs
-    except StoreLocked as e:
-        print(f"rankscope export: {e}\n{LOCKED_HINT}", file=sys.stderr)
-        return 1
-    except StoreError as e:
-        return _err(str(e), 1)
-    try:
+    def read(store: Any) -> tuple[str, Any]:
         window_id = resolve_window(store, args.job, args.window) or args.window
-        fn = window_python_paths(store, args.job, window_id)
-    except StoreError as e:
-        return _err(str(e), 1)
-    finally:
-        release()
+        return window_id, window_python_paths(store, args.job, window_id)
+
+    got = read_store(settings, read)
+    if isinstance(got, int):
+        return got
+    window_id, fn = got
     if fn.empty:
         return _err(f"no stored Python call paths for job {args.job!r} window {args.window!r}", 1)
     out = args.output or f"{window_id}.{'folded' if args.format == 'folded' else 'speedscope.json'}"

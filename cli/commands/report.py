@@ -1,6 +1,9 @@
-"""``rankscope report --job J [--window W] [--format json|md] [--output-dir D]``: diagnosis reports
-from the reports topic (the processors build one per trace window). Markdown is the Reports page's
-reading (:mod:`rankscope.report_view`): verdict, charts' data, PerfTracker's sections."""
+"""``rankscope report --job J [--window W] [--format json|md] [--output-dir D]``: a diagnosis report
+(the processors build one per trace window) as the store keeps it, the same the dashboard's Reports
+page reads; through serve's query endpoint while serve holds the embedded store. ``--timeout`` waits
+that long for a matching report to be stored. Markdown is the Reports page's reading
+(:mod:`rankscope.report_view`): verdict, charts' data, PerfTracker's sections. Exit status: 0 shown
+or written; 1 the store cannot be read; 2 no matching report."""
 
 from __future__ import annotations
 
@@ -11,10 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rankscope.cli.store_reader import read_store
 from rankscope.config import Settings
-from rankscope.consuming import one_off_group, open_consumer
 from rankscope.report_view import render_markdown
-from rankscope.topics import Topic
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -23,36 +25,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--window", default="", help="window id, or a request id prefix (default: the latest)")
     p.add_argument("--format", choices=("json", "md"), default="md")
     p.add_argument("--output-dir", default="", help="write <window>.json and <window>.md here")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a matching report")
+    p.add_argument("--timeout", type=float, default=0.0, help="seconds to wait for a matching report to be stored")
     p.set_defaults(func=run)
-
-
-def wait_for_report(settings: Settings, job: str, window_prefix: str, timeout_s: float,
-                    from_beginning: bool = True) -> dict[str, Any] | None:
-    """The newest report of ``job`` whose window id starts with ``window_prefix``, waiting up to timeout."""
-    c = open_consumer(settings, one_off_group("cli"), {"auto.offset.reset": "earliest" if from_beginning else "latest",
-                                                       "enable.auto.commit": False})
-    c.subscribe([Topic.REPORTS.name_for(settings)])
-    found: dict[str, Any] | None = None
-    deadline = time.monotonic() + timeout_s
-    idle_since = time.monotonic()
-    try:
-        while time.monotonic() < deadline:
-            msg = c.poll(0.3)
-            if msg is None or msg.error():
-                if found is not None and time.monotonic() - idle_since > 1.5:
-                    break  # caught up: the newest match is known
-                continue
-            idle_since = time.monotonic()
-            try:
-                rep = json.loads(msg.value() or b"")
-            except ValueError:
-                continue
-            if rep.get("job") == job and str(rep.get("window_id", "")).startswith(window_prefix):
-                found = rep
-    finally:
-        c.close()
-    return found
 
 
 def write_report(report: dict[str, Any], output_dir: str) -> list[Path]:
@@ -70,12 +44,31 @@ def render_markdown_for(report: dict[str, Any]) -> str:
     return render_markdown(report)
 
 
+def stored_report(settings: Settings, job: str, window_prefix: str, timeout_s: float) -> dict[str, Any] | int | None:
+    """The newest stored report of ``job`` matching ``window_prefix``, polled for up to ``timeout_s``;
+    None when there is none by then, or the exit status when the store cannot be read."""
+    from rankscope.storage.reports import latest_report
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = read_store(settings, lambda store: latest_report(store, job, window_prefix), "report")
+        if got is not None or time.monotonic() >= deadline:
+            return got
+        time.sleep(1.0)
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    rep = wait_for_report(settings, args.job, args.window, args.timeout)
+    if args.timeout < 0:
+        print("rankscope report: --timeout must be >= 0", file=sys.stderr)
+        return 2
+    rep = stored_report(settings, args.job, args.window, args.timeout)
+    if isinstance(rep, int):
+        return rep
     if rep is None:
         print(f"rankscope report: no report for job {args.job!r}"
               + (f" window {args.window!r}" if args.window else "")
-              + f" within {args.timeout:g}s (open a window: rankscope trace --job {args.job} --steps 3)",
+              + (f" within {args.timeout:g}s" if args.timeout else " in the store")
+              + f" (open a window: rankscope trace --job {args.job} --steps 3 --auto-analyze)",
               file=sys.stderr)
         return 2
     if args.output_dir:

@@ -54,12 +54,15 @@ def request_from_args(args: argparse.Namespace) -> TraceRequest:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.auto_analyze:
         args.wait_done = True
+    asked_ns = time.time_ns()
     rc, request_id = send_and_wait(args, settings)
     if rc != 0 or not args.auto_analyze or args.stop:
         return rc
-    from rankscope.cli.commands.report import render_markdown_for, wait_for_report, write_report
+    from rankscope.cli.commands.report import render_markdown_for, write_report
+    from rankscope.trace_client import wait_for_report
 
-    rep = wait_for_report(settings, args.job, request_id, max(args.timeout, settings.report_deadline_s + 30))
+    rep = wait_for_report(settings, args.job, request_id, max(args.timeout, settings.report_deadline_s + 30),
+                          since_ns=asked_ns)
     if rep is None:
         print(f"no report for window {request_id} (are the processors running?)", file=sys.stderr)
         return 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,13 +37,14 @@ def processors(kafka_settings: Settings, work: Path, prefix: str) -> Iterator[Se
 def replayed_report(settings: Settings, job: str, window_id: str, paths: list[Path], timeout_s: float = 300
                     ) -> dict[str, Any]:
     """Replay ``paths`` as window ``window_id`` of ``job`` and return the processors' report of it."""
-    from rankscope.cli.commands.report import wait_for_report
+    from rankscope.trace_client import wait_for_report
 
+    replayed_ns = time.time_ns()
     out = subprocess.run([sys.executable, "-m", "rankscope", "replay", *map(str, paths), "--job", job,
                           "--window-id", window_id], env=child_env(settings), capture_output=True, text=True,
                          timeout=timeout_s)
     assert out.returncode == 0, out.stdout + out.stderr
-    rep = wait_for_report(settings, job, window_id, timeout_s)
+    rep = wait_for_report(settings, job, window_id, timeout_s, since_ns=replayed_ns)
     assert rep is not None, f"no report for {job}/{window_id} within {timeout_s:.0f} s"
     return rep
 

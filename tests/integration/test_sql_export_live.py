@@ -1,4 +1,4 @@
-"""``rankscope sql`` and ``rankscope export`` while ``rankscope up`` runs (its serve holds the embedded store).
+"""``rankscope sql``, ``export`` and ``report`` while ``rankscope up`` runs (its serve holds the embedded store).
 
 Real parts: the fixtures' Kafka broker, ``rankscope up`` (a supervisor running processors and
 serve: sink + dashboard + the loopback query endpoint) on embedded chDB, a shared trace set replayed into it with
@@ -55,7 +55,8 @@ def served(fresh_topics: Settings, tmp_path: Path):
     settings = fresh_topics.with_overrides(bootstrap_servers=fresh_topics.bootstrap, data_dir=str(tmp_path),
                                            clickhouse_dsn=f"chdb://{tmp_path / 'ch'}",
                                            dashboard_port=free_port(), sink_group=f"sql-{uuid.uuid4().hex[:8]}",
-                                           sink_batch_s=0.2, metrics_port_processors=0, metrics_port_serve=0)
+                                           sink_batch_s=0.2, metrics_port_processors=0, metrics_port_serve=0,
+                                           report_deadline_s=5.0)   # a replayed window has no live ranks to wait for
     up = cli(settings, "up", timeout_s=300)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -125,3 +126,19 @@ def test_sql_and_export_go_through_serve(served: Settings, tmp_path: Path):
     out = cli(settings, "export", "--job", JOB, "--window", WINDOW, "--format", "kineto", "-o", str(kineto))
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in kineto.glob("*.json.gz")) == [f"rank-{r}.json.gz" for r in range(len(TRACES))]
+
+    # The window's diagnosis report as the store keeps it (the processors built it at their report
+    # deadline, the sink stored it): `rankscope report` reads it through serve, as the dashboard does.
+    out = cli(settings, "report", "--job", JOB, "--window", WINDOW, "--format", "json", "--timeout", "180",
+              timeout_s=300)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["job"] == JOB and rep["window_id"].startswith(WINDOW), (rep["job"], rep["window_id"])
+    assert rep["window_id"] == sql_json(settings, f"SELECT window_id FROM reports WHERE job = '{JOB}'")[0]["window_id"]
+    written = tmp_path / "report"
+    out = cli(settings, "report", "--job", JOB, "--output-dir", str(written))
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.suffix for p in written.iterdir()) == [".json", ".md"], out.stdout
+    assert json.loads(next(written.glob("*.json")).read_text()) == rep
+    out = cli(settings, "report", "--job", "no-such-job")
+    assert out.returncode == 2 and "no report for job 'no-such-job' in the store" in out.stderr, out.stderr
