@@ -70,9 +70,9 @@ def end_offsets(settings: Settings, kind: Topic = Topic.STEPS) -> dict[int, int]
 
 def committed(reader: Any, topic: str, parts: list[int]) -> dict[int, int]:
     """The offsets committed on ``topic``'s partitions by the group of ``reader``, a consumer that
-    never subscribes (so it does not join the group; it only asks the group's coordinator). An
-    AdminClient's list_consumer_group_offsets, polled like this, crashed librdkafka 2.16's main
-    thread here once in four runs."""
+    never subscribes (so it does not join the group; it only asks the group's coordinator). Not an
+    AdminClient's list_consumer_group_offsets: polled this often, it can crash librdkafka 2.16's
+    main thread."""
     from confluent_kafka import KafkaException, TopicPartition
 
     try:

@@ -14,7 +14,7 @@ rebuild its state) while a job or a load generator runs. The lanes are:
   ``fault_lane`` (trace windows on request, a broker killed mid-job, the monitoring panels' queries
   on a job's store), whose jobs only feed what they check. At nice 5: their deadlines are generous
   and they mostly wait, while the jobs lane's detection times are bounded (a slow device named
-  within 30 s of the job's start was once 38.9 s with both lanes at normal priority).
+  within 30 s of the job's start), so the jobs lane gets the cores first.
   ``fault_lane`` is for tests under tests/integration and tests/deploy only
   (tests/test_run_lanes.py checks it), the folders this lane runs.
 - ``units``: everything else (unit, store, dashboard and browser tests). CPU-bound and with no

@@ -39,11 +39,6 @@ def write_report(report: dict[str, Any], output_dir: str) -> list[Path]:
     return paths
 
 
-def render_markdown_for(report: dict[str, Any]) -> str:
-    """The Markdown reading of ``report`` (as ``--format md`` prints it)."""
-    return render_markdown(report)
-
-
 def stored_report(settings: Settings, job: str, window_prefix: str, timeout_s: float) -> dict[str, Any] | int | None:
     """The newest stored report of ``job`` matching ``window_prefix``, polled for up to ``timeout_s``;
     None when there is none by then, or the exit status when the store cannot be read."""

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     rc, request_id = send_and_wait(args, settings)
     if rc != 0 or not args.auto_analyze or args.stop:
         return rc
-    from rankscope.cli.commands.report import render_markdown_for, write_report
+    from rankscope.cli.commands.report import write_report
+    from rankscope.report_view import render_markdown
     from rankscope.trace_client import wait_for_report
 
     rep = wait_for_report(settings, args.job, request_id, max(args.timeout, settings.report_deadline_s + 30),
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         for p in write_report(rep, args.output_dir):
             print(f"report written: {p}")
     else:
-        print(render_markdown_for(rep))
+        print(render_markdown(rep))
     return 0
 
 

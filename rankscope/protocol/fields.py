@@ -73,12 +73,15 @@ def str_list(values: Any, name: str) -> list[str]:
     return values
 
 
-def int_list(values: Any, name: str, n: int) -> list[int]:
-    """``values``, a list of ``n`` ints in the Int64 range."""
-    if type(values) is not list or len(values) != n:
-        raise bad_body(f"{name} must be a list of {n} values")
-    if not all(type(v) is int for v in values):
-        raise bad_body(f"{name} holds a non-integer")
-    if values and (min(values) < I64[0] or max(values) > I64[1]):
-        raise bad_body(f"{name} holds values out of range {I64}")
+_INT_ONLY = frozenset((int,))
+
+
+def int_list(values: Any, name: str, n: int | None = None, bounds: tuple[int, int] = I64) -> list[int]:
+    """``values``, a list (of ``n`` values when given) of ints within ``bounds``. A right list takes a
+    few C-level passes; a wrong one names its first bad value."""
+    if type(values) is not list or (n is not None and len(values) != n):
+        raise bad_body(f"{name} must be a list of {'' if n is None else f'{n} '}values")
+    if values and not (set(map(type, values)) <= _INT_ONLY and bounds[0] <= min(values) and max(values) <= bounds[1]):
+        for v in values:
+            int_field(v, name, bounds)
     return values

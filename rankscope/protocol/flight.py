@@ -17,18 +17,13 @@ import json
 from typing import Any
 
 from rankscope.protocol.errors import bad_body
-from rankscope.protocol.fields import I64, field, list_or_none
-
-_INT_ONLY = frozenset((int,))
+from rankscope.protocol.fields import field, int_list, list_or_none
 
 
 def check_flight(body: dict[str, Any]) -> None:
     """Check a ``flight`` body."""
     for row in field("flight", body, "steps", list):
-        if type(row) is not list or not set(map(type, row)) <= _INT_ONLY:
-            raise bad_body("flight.steps[] must be a list of integers")
-        if row and (min(row) < I64[0] or max(row) > I64[1]):
-            raise bad_body(f"flight.steps[] holds values out of range {I64}")
+        int_list(row, "flight.steps[]")
     list_or_none("flight", body, "stacks")
     field("flight", body, "reason", str)
 

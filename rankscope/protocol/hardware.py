@@ -15,9 +15,8 @@ from itertools import chain
 from typing import Any
 
 from rankscope.protocol.errors import bad_body
-from rankscope.protocol.fields import I32, I64, int_field, missing, wrong_type
+from rankscope.protocol.fields import I32, int_list, missing, wrong_type
 
-_INT_ONLY = frozenset((int,))
 _LIST_ONLY = frozenset((list,))
 _STR_ONLY = frozenset((str,))
 _NUMBER_OR_NONE = frozenset((int, float, type(None)))
@@ -39,8 +38,8 @@ def check_hw(body: dict[str, Any]) -> None:
     n = len(ts_ns)
     if len(device) != n:
         raise bad_body(f"hw.device has {len(device)} values, ts_ns has {n}")
-    _check_ints(ts_ns, "hw.ts_ns", I64)
-    _check_ints(device, "hw.device", I32)
+    int_list(ts_ns, "hw.ts_ns")
+    int_list(device, "hw.device", bounds=I32)
     columns = metrics.values()
     if metrics and (set(map(type, columns)) != _LIST_ONLY or set(map(len, columns)) != {n}
                     or set(map(type, metrics)) != _STR_ONLY):
@@ -51,8 +50,3 @@ def check_hw(body: dict[str, Any]) -> None:
         bad = next(v for v in metrics[name] if type(v) not in _NUMBER_OR_NONE)
         raise bad_body(f"hw.metrics[{name!r}] is {type(bad).__name__}, expected number")
 
-
-def _check_ints(values: list[Any], name: str, bounds: tuple[int, int]) -> None:
-    if values and not (set(map(type, values)) <= _INT_ONLY and bounds[0] <= min(values) and max(values) <= bounds[1]):
-        for v in values:
-            int_field(v, name, bounds)
