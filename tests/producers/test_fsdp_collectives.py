@@ -92,5 +92,6 @@ def test_fsdp2_collective_waits_are_timed_on_cpu_gloo() -> None:
         # FSDP2 gathers parameters and reduce-scatters gradients through these, each one wrapped.
         assert set(wrapped) >= {"all_gather_single", "reduce_scatter_single"} and all(wrapped.values()), wrapped
     # Rank 0 waits in the all-gather for rank 1, which slept STEPS x DELAY_S before its steps.
+    # Rank 1's own waits are not compared: they are rank 0's compute time, which a loaded machine
+    # stretches past rank 0's waits.
     assert got[0][0] >= STEPS * DELAY_S * 1e9 / 3, got
-    assert got[0][0] > got[1][0], got
