@@ -65,19 +65,22 @@ def wait_for_text(page: Any, text: str | re.Pattern[str], timeout_s: float = 30.
         time.sleep(0.25)
 
 
-def wait_for_charts(page: Any, timeout_s: float = 30.0) -> int:
-    """Wait until every Vega-Lite chart on the page has drawn (a sized canvas or svg); return the count.
+def wait_for_charts(page: Any, timeout_s: float = 30.0, at_least: int = 1) -> int:
+    """Wait until at least ``at_least`` Vega-Lite charts are on the page and every one has drawn (a
+    sized canvas or svg); return the count.
 
     Charts draw asynchronously after their element appears, so a capture taken on text alone can
-    show empty chart slots.
+    show empty chart slots; and a page's later charts arrive after its earlier text, so a count taken
+    as soon as the charts present have drawn can miss them.
     """
     page.wait_for_function(
-        """() => {
+        """(atLeast) => {
             const charts = [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
                 .filter(c => c.offsetParent !== null);
-            return charts.every(c => [...c.querySelectorAll('canvas, svg.marks')]
+            return charts.length >= atLeast && charts.every(c => [...c.querySelectorAll('canvas, svg.marks')]
                 .some(e => e.getBoundingClientRect().height > 20));
         }""",
+        arg=at_least,
         timeout=timeout_s * 1000,
     )
     return page.locator('[data-testid="stVegaLiteChart"]').count()

@@ -185,5 +185,5 @@ def test_reports_page_in_a_browser_on_a_replayed_window(kafka_settings, tmp_path
         deadline = time.monotonic() + 60
         while charts.count() < 3 and time.monotonic() < deadline:    # they appear after the text
             page.wait_for_timeout(200)
-        assert wait_for_charts(page, 60) == 3       # busy time, lateness, bottleneck ratio
+        assert wait_for_charts(page, 60, at_least=3) == 3       # busy time, lateness, bottleneck ratio
         screenshot(page, "dashboard_reports_diagnosis")
