@@ -12,13 +12,14 @@ rebuild its state) while a job or a load generator runs. The lanes are:
 - ``faults``: the other integration and deploy tests (processor kills and restarts, SASL, replays),
   which wait on processors and brokers far more than they compute, and the torchrun tests marked
   ``fault_lane`` (trace windows on request, a broker killed mid-job, the monitoring panels' queries
-  on a job's store), whose jobs only feed what they check. At nice 5: their deadlines are generous
+  on a job's store), whose jobs only feed what they check. At nice 10: their deadlines are generous
   and they mostly wait, while the jobs lane's detection times are bounded (a slow device named
-  within 30 s of the job's start), so the jobs lane gets the cores first.
+  within 30 s of the job's start) and its healthy runs must raise nothing (a rank starved by the
+  other lanes' jobs is a slow rank to the rule), so the jobs lane gets the cores first.
   ``fault_lane`` is for tests under tests/integration and tests/deploy only
   (tests/test_run_lanes.py checks it), the folders this lane runs.
 - ``units``: everything else (unit, store, dashboard and browser tests). CPU-bound and with no
-  timing of their own, at lower priority (nice 10), so they take the cores the other lanes leave
+  timing of their own, at lower priority (nice 10, as the faults lane), so they take the cores the other lanes leave
   idle instead of slowing the jobs they judge.
 
 Each lane is its own pytest session with its own broker (tests/conftest.py) and its own topics
@@ -53,7 +54,7 @@ class Lane:
 
 LANES = (
     Lane("jobs", ("-m", "torchrun and not fault_lane", "tests")),
-    Lane("faults", ("-m", "not torchrun or fault_lane", *FAULT_DIRS), nice=5),
+    Lane("faults", ("-m", "not torchrun or fault_lane", *FAULT_DIRS), nice=10),
     Lane("units", ("-m", "not torchrun", "tests", *(f"--ignore={d}" for d in FAULT_DIRS)), nice=10),
 )
 

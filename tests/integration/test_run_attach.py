@@ -137,7 +137,7 @@ def test_a_healthy_run_stays_silent_and_counts_one_step_per_iteration(stack: Sta
     final = last[0]
     assert set(last.values()) == {final} and final >= 1500, last      # the ranks agreed on the last step
     drain(alerts, 120)
-    assert alerts.alerts(job) == [], [a.summary for a in alerts.alerts(job)]
+    assert alerts.alerts(job) == [], [(a.summary, a.details) for a in alerts.alerts(job)]
     # Two optimizers step per iteration, one step is counted; step 0 (start-up) has no record.
     def stored() -> tuple | None:
         row = tuple(store.query_rows("SELECT count(), min(step), max(step), uniqExact(rank), "
