@@ -1,7 +1,7 @@
 """Capacity of the processing tier: how many ranks one processors worker carries, and two; how
 many the sink carries.
 
-``python -m benchmarks.capacity [--ranks 10000] [--seconds 40] [--workers 1,2] [--no-sink]``
+``python -m benchmarks.capacity [--ranks 10000] [--seconds 40] [--workers 1,2] [--no-sink] [--profile-s 10]``
 (``make bench`` runs it as ``capacity``; JSON in benchmarks/results/capacity.json).
 
 A backlog is written first, with nothing consuming it: the load generator (benchmarks/loadgen.py)
@@ -13,7 +13,11 @@ between 20% and 90% of the backlog (past start-up and the group's rebalance).
 
 - processors: ``workers`` x ``rankscope processors`` (one consumer group, fresh per configuration)
   on the steps topic;
-- sink: one ``rankscope sink`` (embedded chDB, fresh directory) on the steps and hw topics.
+- sink: one ``rankscope sink`` (embedded chDB, fresh directory) on the steps and hw topics;
+- sink with profiles: the same, with each rank's sampled stacks every ``profile_s`` seconds (as ranks
+  send them by default; 24 call paths, ~4 KB) on the profiles topic too: whether one sink given a core
+  of its own keeps up with a job of ``ranks`` ranks with profiles on (the scale benchmark runs the
+  load generator, broker, processors and sink together on the machine's cores).
 
 Measured, per configuration:
 
@@ -54,6 +58,7 @@ DEFAULT_SECONDS = 40.0
 DEFAULT_WORKERS = (1, 2)
 DRAIN_TIMEOUT_S = 600.0
 FROM_FRAC, TO_FRAC = 0.2, 0.9
+DEFAULT_PROFILE_S = Settings().profile_s   # how often ranks send their sampled stacks (the default)
 
 
 def end_offsets(settings: Settings, kind: Topic = Topic.STEPS) -> dict[int, int]:
@@ -83,9 +88,9 @@ def committed(reader: Any, topic: str, parts: list[int]) -> dict[int, int]:
 
 
 def write_backlog(settings: Settings, job: str, ranks: int, seconds: float, work: Path,
-                  hw: bool = False) -> dict[str, Any]:
+                  hw: bool = False, profile_s: float = 0.0) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.loadgen", "--ranks", str(ranks), "--duration", str(seconds),
-           "--procs", "2", "--job", job, *(() if hw else ("--no-hw",))]
+           "--procs", "2", "--job", job, *(() if hw else ("--no-hw",)), "--profile-s", str(profile_s)]
     out = subprocess.run(cmd, env=env_for(settings), cwd=ROOT, capture_output=True, text=True,
                          timeout=seconds + 300)
     if out.returncode != 0:
@@ -114,27 +119,31 @@ def drain(base: Settings, ranks: int, seconds: float, workers: int, work: Path) 
             "ranks_carried_at_1_beat_s": measured["msgs_per_s"]}
 
 
-def drain_sink(base: Settings, ranks: int, seconds: float, work: Path) -> dict[str, Any]:
-    """One sink drains a backlog of beats and hardware samples into a fresh embedded store."""
+def drain_sink(base: Settings, ranks: int, seconds: float, work: Path, profile_s: float = 0.0) -> dict[str, Any]:
+    """One sink drains a backlog of beats and hardware samples (and, with ``profile_s``, the ranks'
+    profiles) into a fresh embedded store."""
     tag = uuid.uuid4().hex[:6]
     settings = base.with_overrides(topic_prefix=f"c{tag}.", sink_group=f"cap-sink-{tag}")
     ensure_topics(settings, timeout_s=60)
     cfg = work / f"n{ranks}-sink-{tag}"
     cfg.mkdir(parents=True)
-    gen = write_backlog(settings, f"cap-{tag}", ranks, seconds, cfg, hw=True)
+    gen = write_backlog(settings, f"cap-{tag}", ranks, seconds, cfg, hw=True, profile_s=profile_s)
     (cfg / "store").mkdir()
     sink = subprocess.Popen([sys.executable, "-m", "rankscope", "sink"], cwd=ROOT,
                             env=env_for(settings, RANKSCOPE_DATA_DIR=str(cfg / "store")),
                             stdout=open(cfg / "sink.log", "wb"), stderr=subprocess.STDOUT)
-    measured = time_drain(settings, [sink], settings.sink_group, (Topic.STEPS, Topic.HW), cfg)
-    return {"service": "sink", "ranks": ranks, "workers": 1, "loadgen_sent_msgs_s": gen["send_rate_msgs_s"],
-            **measured, "ranks_carried_at_1_beat_s": round(measured["msgs_per_s"] / msgs_per_rank_s(settings))}
+    topics = (Topic.STEPS, Topic.HW, *((Topic.PROFILES,) if profile_s > 0 else ()))
+    measured = time_drain(settings, [sink], settings.sink_group, topics, cfg)
+    return {"service": "sink_profiles" if profile_s > 0 else "sink", "ranks": ranks, "workers": 1,
+            "profile_s": profile_s, "loadgen_sent_msgs_s": gen["send_rate_msgs_s"], **measured,
+            "ranks_carried_at_1_beat_s": round(measured["msgs_per_s"] / msgs_per_rank_s(settings, profile_s))}
 
 
-def msgs_per_rank_s(settings: Settings) -> float:
-    """What a rank sends the sink per second: a beat per heartbeat, a hardware message per hw_send_s."""
+def msgs_per_rank_s(settings: Settings, profile_s: float = 0.0) -> float:
+    """What a rank sends the sink per second: a beat per heartbeat, a hardware message per hw_send_s,
+    and with ``profile_s`` a profile that often."""
     hw_every = max(1, round(settings.hw_send_s / settings.heartbeat_s))
-    return (1 + 1 / hw_every) / settings.heartbeat_s
+    return (1 + 1 / hw_every) / settings.heartbeat_s + (1 / profile_s if profile_s > 0 else 0.0)
 
 
 def time_drain(settings: Settings, procs: list[subprocess.Popen[bytes]], group: str, topics: tuple[Topic, ...],
@@ -222,24 +231,26 @@ def collective_fold_us(per_beat: int, ranks: int = 256, beats: int = 40) -> floa
 
 
 def run(ranks: int = DEFAULT_RANKS, seconds: float = DEFAULT_SECONDS,
-        workers: tuple[int, ...] = DEFAULT_WORKERS, sink: bool = True) -> dict[str, Any]:
+        workers: tuple[int, ...] = DEFAULT_WORKERS, sink: bool = True,
+        profile_s: float = DEFAULT_PROFILE_S) -> dict[str, Any]:
     configs = []
     with local_stack(processors=False) as base:
         work = Path(base.data_dir) / "capacity"
-        plan: list[tuple[str, int]] = [("processors", w) for w in workers] + ([("sink", 1)] if sink else [])
+        plan: list[tuple[str, int]] = [("processors", w) for w in workers] + ([("sink", 1)] if sink else []) \
+            + ([("sink_profiles", 1)] if sink and profile_s > 0 else [])
         for service, w in plan:
             print(f"capacity: {ranks} ranks x {seconds:.0f} s of backlog, {service} x {w} ...", file=sys.stderr,
                   flush=True)
             try:
                 c = drain(base, ranks, seconds, w, work) if service == "processors" else \
-                    drain_sink(base, ranks, seconds, work)
+                    drain_sink(base, ranks, seconds, work, profile_s if service == "sink_profiles" else 0.0)
             except Exception as e:   # one failed configuration does not lose the others
                 c = {"service": service, "ranks": ranks, "workers": w, "error": f"{type(e).__name__}: {e}"}
             print(json.dumps(c), file=sys.stderr, flush=True)
             configs.append(c)
     metrics: dict[str, Any] = {}
     for c in configs:
-        p = f"w{c['workers']}_" if c["service"] == "processors" else "sink_"
+        p = f"w{c['workers']}_" if c["service"] == "processors" else f"{c['service']}_"
         if "error" in c:
             metrics[p + "error"] = c["error"][:80]
             continue
@@ -255,7 +266,9 @@ def run(ranks: int = DEFAULT_RANKS, seconds: float = DEFAULT_SECONDS,
             "settings": {"ranks": ranks, "backlog_s": seconds, "cpu_cores": psutil.cpu_count()},
             "targets": {"w1_drain_msgs_s": "ranks one worker carries at 1 beat/rank/s",
                         "speedup_w2_over_w1": "> 1: a job spreads over workers",
-                        "sink_ranks_carried": "ranks one sink carries (a beat per rank per s, a hardware message per rank per hw_send_s)"}}
+                        "sink_ranks_carried": "ranks one sink carries (a beat per rank per s, a hardware message per rank per hw_send_s)",
+                        "sink_profiles_ranks_carried": f">= {ranks}: one sink keeps up with the job, profiles every "
+                                                       f"{profile_s:g} s included"}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,16 +278,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default=",".join(map(str, DEFAULT_WORKERS)),
                    help="comma-separated processors worker counts; empty for none")
     p.add_argument("--no-sink", dest="sink", action="store_false", help="do not measure the sink")
+    p.add_argument("--profile-s", type=float, default=DEFAULT_PROFILE_S,
+                   help="the sink's second run: each rank's profile this often (0: no such run)")
     args = p.parse_args(argv)
-    if args.ranks <= 0 or args.seconds <= 0:
-        p.error("--ranks and --seconds must be > 0")
+    if args.ranks <= 0 or args.seconds <= 0 or args.profile_s < 0:
+        p.error("--ranks and --seconds must be > 0, --profile-s >= 0")
     try:
         workers = tuple(int(w) for w in args.workers.split(",") if w.strip())
     except ValueError:
         p.error(f"--workers must be comma-separated integers, got {args.workers!r}")
     if any(w <= 0 for w in workers):
         p.error("--workers must be > 0")
-    result = run(args.ranks, args.seconds, workers, args.sink)
+    result = run(args.ranks, args.seconds, workers, args.sink, args.profile_s)
     print(json.dumps(result["metrics"], indent=2))
     return 0
 
