@@ -10,8 +10,10 @@ longer per batch;
 that rank's own process at that step, as the OOM killer would. ``--min-seconds`` goes on past
 ``--steps`` until that many seconds have passed; the ranks agree on the last step through an
 all_reduce. ``--extra-rank`` spends ``--extra-ms`` per step in a function no other rank calls;
-``--workers`` loads batches in that many DataLoader worker processes (persistent). Two optimizers
-(one per half of the model) each step once per iteration.
+``--workers`` loads batches in that many DataLoader worker processes (persistent). ``--wait-ms``
+sleeps that long each step after the forward pass, on every rank: a device's share of the step, in
+which the host's cores are free. Two optimizers (one per half of the model) each step once per
+iteration.
 """
 
 from __future__ import annotations
@@ -82,9 +84,10 @@ def main() -> int:
     p.add_argument("--extra-rank", type=int, default=-1)
     p.add_argument("--extra-ms", type=float, default=20.0)
     p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--wait-ms", type=float, default=0.0)
     args = p.parse_args()
-    if args.min_seconds < 0:
-        p.error(f"--min-seconds must be >= 0, got {args.min_seconds}")
+    if args.min_seconds < 0 or args.wait_ms < 0:
+        p.error(f"--min-seconds and --wait-ms must be >= 0, got {args.min_seconds} and {args.wait_ms}")
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -117,6 +120,8 @@ def main() -> int:
         out = x
         for _ in range(reps if step >= args.slow_from_step else 1):
             out = model(out)
+        if args.wait_ms:
+            time.sleep(args.wait_ms / 1e3)
         loss = out.square().mean()
         for o in opts:
             o.zero_grad()
