@@ -8,6 +8,7 @@ If the broker cannot start, the fixture raises: Kafka tests fail, they are never
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -28,6 +29,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A test that runs a CLI command in-process (which points the root logger at its stderr) leaves
+    the root logger's handlers and level as it found them: later tests never write to a stream
+    pytest has closed."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        if h not in handlers:
+            root.removeHandler(h)
+    for h in handlers:
+        if h not in root.handlers:
+            root.addHandler(h)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

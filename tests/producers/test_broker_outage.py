@@ -19,28 +19,41 @@ from tests.integration.helpers import TopicReader, child_env, free_port, wait_un
 
 pytestmark = [pytest.mark.kafka]
 
+# Each iteration prints its step, the time, and how long the training thread waited off the CPU by
+# its own choice during the work and ``tracer.step()`` (wall time less the thread's CPU time and its
+# run-queue wait, the second field of /proc/thread-self/schedstat): a wait on the tracer (a lock, a flush, the GIL
+# held by a tracer thread) shows there, while the CPU the machine's other work takes from this
+# process (the broker's JVM starting beside two other test lanes) does not.
 TRAIN = r"""
 import sys, time, pathlib
 from rankscope import Tracer
+
+def sched():
+    runq = open("/proc/thread-self/schedstat").read().split()[1]
+    return time.monotonic_ns(), time.thread_time_ns(), int(runq)
+
 stop = pathlib.Path(sys.argv[1])
 tracer = Tracer()
 i = 0
 while not stop.exists():
+    w0, c0, q0 = sched()
     x = sum(j * j for j in range(20000))   # ~1-2 ms of work
     tracer.step()
-    print(i, time.monotonic(), flush=True)
+    w1, c1, q1 = sched()
+    print(i, time.monotonic(), (w1 - w0) - (c1 - c0) - (q1 - q0), flush=True)
     i += 1
 tracer.close()
 print("done", tracer.dropped, flush=True)
 """
 
 
-def read_steps(path: Path) -> list[tuple[int, float]]:
+def read_steps(path: Path) -> list[tuple[int, float, int]]:
+    """(step, monotonic time, ns waited off the CPU in that step's work and tracer.step())."""
     out = []
     for line in path.read_text().splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0].isdigit():
-            out.append((int(parts[0]), float(parts[1])))
+        if len(parts) == 3 and parts[0].isdigit():
+            out.append((int(parts[0]), float(parts[1]), int(parts[2])))
     return out
 
 
@@ -55,7 +68,7 @@ def test_broker_outage_does_not_stall_training(tmp_path: Path) -> None:
     job = f"outage-{uuid.uuid4().hex[:6]}"
     proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(stop)], stdout=open(out, "w"),
                             stderr=open(tmp_path / "train.err", "w"),
-                            env=child_env(settings, RANKSCOPE_JOB_ID=job, RANKSCOPE_FLUSH_TIMEOUT_S="10"))
+                            env=child_env(settings, RANKSCOPE_JOB_ID=job, RANKSCOPE_FLUSH_TIMEOUT_S="30"))
     try:
         wait_until(lambda: len(read_steps(out)) > 300, 120, "300 steps before the outage")
         broker.stop()
@@ -71,12 +84,19 @@ def test_broker_outage_does_not_stall_training(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
 
-    # Training never stalled: the longest gap between steps during the outage stays within the same
-    # order as the ordinary gaps (generous bound, relative to this run's own median).
+    # Training never waited on the tracer while the broker was away: no step's work and tracer.step()
+    # spent as long off the CPU by its own choice as a broker round trip or a flush (30 s here) would
+    # take. Gaps between steps are shown, not judged: they include the CPU this 2-core machine gives
+    # to other work.
     steps = read_steps(out)
+    outage = [s for s in steps if down_at <= s[0] <= up_at]
+    waits_ms = sorted(s[2] / 1e6 for s in outage)
     gaps = [b[1] - a[1] for a, b in zip(steps, steps[1:], strict=False)]
-    outage_gaps = [g for (s, _), g in zip(steps[1:], gaps, strict=False) if down_at <= s <= up_at]
-    assert max(outage_gaps) < max(0.5, 200 * statistics.median(gaps)), (max(outage_gaps), statistics.median(gaps))
+    shown = (f"{len(outage)} steps while the broker was away; waits off the CPU p50 "
+             f"{statistics.median(waits_ms):.3f} ms, max {waits_ms[-1]:.1f} ms; longest gap between steps "
+             f"{max(gaps) * 1e3:.0f} ms (median {statistics.median(gaps) * 1e3:.2f} ms)")
+    print(shown)
+    assert waits_ms[-1] < 1000, shown
 
     # Telemetry resumed: step records sent after the broker came back arrive, up to the exit record.
     reader = TopicReader(settings, Topic.STEPS)
