@@ -53,8 +53,8 @@ def test_request_window_round_trip(fresh_topics):
     assert ready.wait(30)
     req = control.TraceRequest(job="job-k", ranks=[0, 1], steps=4, mode="every_s", every_s=30)
     t0 = time.monotonic()
-    acks = control.request_window(fresh_topics, req, wait_s=15, expect_ranks=[0, 1])
-    assert time.monotonic() - t0 < 14  # returned once both ranks answered
+    acks = control.request_window(fresh_topics, req, wait_s=90, expect_ranks=[0, 1])
+    assert time.monotonic() - t0 < 85  # returned once both ranks answered, not at the deadline
     t.join(10)
     assert seen[0].body["request_id"] == req.request_id and seen[0].body["args"]["every_s"] == 30.0
     assert sorted((a.rank, a.status) for a in acks) == [(0, "accepted"), (1, "rejected")]
