@@ -202,6 +202,34 @@ def test_steady_straggler_is_named_within_30_s(pipeline: tuple[Settings, Store, 
     print(f"steady 1.5x straggler named {after_s:.1f} s after its first step: {slow.summary}")
     assert after_s <= 30, f"named {after_s:.1f} s after its first step: {slow.summary}"
     assert slow.details["cost_share"]["1"] >= settings.straggler_cost_gate
+    # Its own compute holds it back, not its host: its peers wait in the collective while it works,
+    # so it waits longer for a CPU than they do on a busy machine, but not enough to be called starved.
+    assert "oversubscribed" not in slow.summary and slow.details["cpu_wait"]["starved"] == [], slow.details
+
+
+def test_a_rank_starved_of_cpu_by_its_host_is_said_to_be(pipeline: tuple[Settings, Store, Path]) -> None:
+    # Rank 1 does the same work as its peers, bound to one core that three busy processes share.
+    settings, _, work = pipeline
+    job = f"starved-{uuid.uuid4().hex[:6]}"
+    log = work / f"{job}.log"
+    reader = AlertReader(settings)
+    proc = start_job(settings, job, log, "--steps", "100000", "--starved-rank", "1", "--neighbours", "3")
+    try:
+        diag = lambda: "job log:\n" + tail(log) + "\nprocessors log:\n" + tail(work / "processors.log")  # noqa: E731
+        slow = reader.wait_for(lambda a: a.job == job and a.kind == "slow_rank" and a.status == "open"
+                               and 1 in a.details.get("cpu_wait", {}).get("starved", []), 240,
+                               "a slow_rank alert that says rank 1 is starved of CPU", diag)
+        others = [a for a in reader.alerts(job) if a.kind != "slow_rank"]
+    finally:
+        stop_process(proc)
+        reader.close()
+    cpu = slow.details["cpu_wait"]
+    print(f"starved rank: {slow.summary}; wait shares {cpu['wait_share']}, cpu shares {cpu['cpu_share']}, "
+          f"peers' median wait {cpu['peers_median_wait_share']}")
+    assert slow.ranks == [1], slow.summary
+    assert "rank 1's training thread waited for a CPU" in slow.summary and "oversubscribed" in slow.summary
+    assert cpu["wait_share"]["1"] > cpu["peers_median_wait_share"]
+    assert not others, [a.summary for a in others]
 
 
 def test_rank_slow_from_mid_run_is_named_within_30_s_of_the_onset(pipeline: tuple[Settings, Store, Path]) -> None:
