@@ -243,12 +243,15 @@ class ShardJob:
                 state = WAITING      # stage one cannot tell the hang's culprit from the ranks it blocks
             else:
                 state = RUNNING
-            rows.append({"rank": r, "ts_ns": ts_ns, "step": st.last_step, "window_steps": len(durs),
-                         "median_step_ns": step_med,
-                         "p95_step_ns": durs[min(len(durs) - 1, int(0.95 * len(durs)))] if durs else 0,
-                         "median_busy_ns": busy_med, "median_comm_ns": comm_med, "busy_z": round(z_of.get(r, 0.0), 3),
-                         "step_end_ns": st.last_step_end_ns,
-                         "state": state})
+            row = {"rank": r, "ts_ns": ts_ns, "step": st.last_step, "window_steps": len(durs),
+                   "median_step_ns": step_med,
+                   "p95_step_ns": durs[min(len(durs) - 1, int(0.95 * len(durs)))] if durs else 0,
+                   "median_busy_ns": busy_med, "median_comm_ns": comm_med, "busy_z": round(z_of.get(r, 0.0), 3),
+                   "step_end_ns": st.last_step_end_ns,
+                   "state": state}
+            if st.cpu_wait_pm is not None:
+                row["cpu_wait"] = st.cpu_wait_pm[0] / 1000
+            rows.append(row)
         return [rows[i:i + STATS_ROWS_PER_MESSAGE] for i in range(0, len(rows), STATS_ROWS_PER_MESSAGE)]
 
 

@@ -49,6 +49,8 @@ def test_a_shard_sends_a_histogram_and_the_longest_waiters_and_a_restart_forgets
     hist, top = wire.cpu_wait(agg)
     assert sum(hist.values()) == 20 and hist[10] == 1 and hist[0] == 19
     assert len(top) == wire.MAX_CPU_WAIT_TOP and top[0] == (3, 500, 500)
+    stats = {e["rank"]: e for chunk in job.stats_chunks(111.0, S) for e in chunk}
+    assert stats[3]["cpu_wait"] == 0.5 and stats[1]["cpu_wait"] == 0.02     # worker_stats.cpu_wait_share
     job.apply(beat(3, 111, 1, 1, pid=8), 111.0, S)       # rank 3 restarted: not judged until it spans 5 s
     assert 3 not in [r for r, _, _ in wire.cpu_wait(job.summary(111.0, S).agg)[1]]
 
