@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -53,6 +54,8 @@ class Settings:
     kafka_port: int = 9092
     kafka_controller_port: int = 9093
     kafka_version: str = "4.3.1"
+    # Extra JVM options of the managed local broker(s), after the heap flags; shell-quoted words.
+    kafka_jvm_opts: str = ""
     topic_prefix: str = "rankscope."
     topic_partitions: int = 4
     # Topic durability, applied when rankscope creates its topics: replicas per partition and
@@ -179,6 +182,10 @@ class Settings:
         if self.step_marker and not _is_marker(self.step_marker):
             raise ConfigError(f"step_marker must be 'module:function' (e.g. 'train:train_step' or "
                               f"'mypkg.loop:Trainer.step'), got {self.step_marker!r}")
+        try:
+            shlex.split(self.kafka_jvm_opts)
+        except ValueError as e:
+            raise ConfigError(f"kafka_jvm_opts must be shell-quoted JVM options, got {self.kafka_jvm_opts!r}: {e}") from None
         if self.topic_replication < 0 or self.topic_min_insync < 0:
             raise ConfigError(f"topic_replication and topic_min_insync must be >= 0 (0 = the cluster's default), "
                               f"got {self.topic_replication!r} and {self.topic_min_insync!r}")

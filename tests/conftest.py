@@ -4,6 +4,8 @@ Kafka: one real broker per test session (``kafka_settings``), started from the p
 jars (cli/stack/broker.py) on free loopback ports with a throw-away data dir under /tmp.
 Set RANKSCOPE_BOOTSTRAP_SERVERS to run against an external cluster instead (no local broker).
 If the broker cannot start, the fixture raises: Kafka tests fail, they are never skipped.
+Every broker the suite starts (this one, the fault tests' own, those of CLI commands it runs) runs
+its JVM with :data:`TEST_BROKER_JVM_OPTS` unless RANKSCOPE_KAFKA_JVM_OPTS says otherwise.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from rankscope.cli.stack.admin import delete_topics, ensure_topics
 from rankscope.cli.stack.broker import LocalBroker
 from rankscope.config import Settings
 from rankscope.topics import all_topic_names
+
+# The client JIT only and one GC thread: a test broker's CPU roughly halves (README, RANKSCOPE_KAFKA_JVM_OPTS),
+# which the suite's other processes on the same two cores get instead.
+TEST_BROKER_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("RANKSCOPE_KAFKA_JVM_OPTS", TEST_BROKER_JVM_OPTS)
 
 
 def free_port() -> int:

@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -119,7 +120,7 @@ class LocalBroker:
     The keyword arguments make it one node of a LocalCluster (cli/stack/broker_cluster.py) instead: its ``node_id``, its
     ports, every voter of the quorum (node id -> controller port), its own ``home``, the cluster id
     its storage is formatted with, the replication of the internal topics (min ISR one less), and
-    the JVM flags (heap).
+    the JVM flags (heap). ``settings.kafka_jvm_opts`` is appended to the JVM flags either way.
     """
 
     def __init__(self, settings: Settings, sasl_ssl: SaslSslListener | None = None, *, node_id: int = 1,
@@ -137,7 +138,7 @@ class LocalBroker:
         self.voters = dict(voters) if voters else {node_id: self.controller_port}
         self.cluster_id = cluster_id
         self.replication = replication
-        self.jvm_opts = list(jvm_opts)
+        self.jvm_opts = [*jvm_opts, *shlex.split(settings.kafka_jvm_opts)]
         self.libs_dir = Path(settings.cache_dir).expanduser().resolve() / f"kafka-{self.version}" / "libs"
         self.home = home.expanduser().resolve() if home else Path(settings.data_dir).expanduser().resolve() / "kafka"
         self.config_path = self.home / "server.properties"

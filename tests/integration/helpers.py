@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from rankscope.alert_schema import validate as validate_alert
 from rankscope.config import Settings
@@ -109,12 +109,21 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
 
 
 class TopicReader:
-    """Reads a topic from the beginning, accumulating messages across polls."""
+    """Reads a topic from the beginning, accumulating messages across polls.
+
+    A topic that exists is read by assigning every partition from its first offset: no consumer
+    group, so nothing depends on a group coordinator (a broker a fault test kills may be it) or on
+    how often the test polls. A topic not created yet is subscribed to, and read once it is."""
 
     def __init__(self, settings: Settings, topic: Topic) -> None:
         self.consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"test-{uuid.uuid4().hex}",
                                   "auto.offset.reset": "earliest", "enable.auto.commit": False})
-        self.consumer.subscribe([topic.name_for(settings)])
+        name = topic.name_for(settings)
+        meta = self.consumer.list_topics(timeout=30).topics.get(name)
+        if meta is not None and meta.error is None and meta.partitions:
+            self.consumer.assign([TopicPartition(name, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)])
+        else:
+            self.consumer.subscribe([name])
         self.values: list[bytes] = []
 
     def poll(self, seconds: float = 0.5) -> None:

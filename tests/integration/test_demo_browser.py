@@ -29,9 +29,9 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
         data_dir=str(tmp_path / "demo"), dashboard_port=free_port(), clickhouse_dsn="")
     env = child_env(settings)
     job = f"demo-{uuid.uuid4().hex[:6]}"
-    # The hang comes late enough to request a window (and get its report) while the job still steps,
-    # whatever the machine's speed: 100 s in (the demo job made 8-65 steps/s on the same 2 cores);
-    # the slow-rank alert the test waits for before requesting comes 15-30 s in.
+    # The hang comes late enough for the checks of the slow rank to see it step: 100 s in (the demo
+    # job made 8-65 steps/s on the same 2 cores). The window is requested as soon as the job shows, so
+    # that it runs before the hang (a window requested of a hung job never ends).
     cmd = [sys.executable, "-m", "rankscope", "demo", "--job", job, "--hang-at-step", "-1", "--hang-after-s", "100"]
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -46,6 +46,7 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
                 link.first.wait_for(state="visible", timeout=180_000)
                 seen = time.monotonic()       # the job's first messages are stored
                 screenshot(page, "demo_fleet")
+                request_id = request_window(page, base, job)
                 differential_shows_the_slow_ranks_function(page, base, job, seen)
                 page.goto(f"{base}/")
                 link.first.wait_for(state="visible", timeout=60_000)
@@ -54,7 +55,7 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
                 wait_for_text(page, "Slow rank 1", 240)
                 screenshot(page, "demo_job_slow")
                 the_alert_says_where_its_time_goes(page)
-                request_window_and_find_report(page, base, job)
+                find_report(page, base, job, request_id)
                 page.goto(f"{base}/job?job={job}")
                 wait_for_text(page, "hang_forever", 240)
                 page.wait_for_function(  # the ranks table shows both states
@@ -102,14 +103,21 @@ def the_alert_says_where_its_time_goes(page) -> None:
     wait_for_text(page, MOST_ADDED, 120)
 
 
-def request_window_and_find_report(page, base: str, job: str) -> None:
-    """Trace windows page: request a 3-step window on every rank; Reports page: find its report."""
+def request_window(page, base: str, job: str) -> str:
+    """Trace windows page: request a 3-step window on every rank; returns the request's id.
+
+    Requested as soon as the job shows: the window must run while every rank still steps, before
+    the planted hang, whatever the time the checks before the report take on a slow machine."""
     page.goto(f"{base}/traces?job={job}")
     wait_for_text(page, "Request a trace window", 60)
     page.get_by_role("button", name=re.compile("Request window")).first.click()
     ack = wait_for_text(page, re.compile(r"Request tw[0-9a-f]{8}"), 60)
-    request_id = re.search(r"tw[0-9a-f]{8}", ack.inner_text()).group(0)
     screenshot(page, "demo_traces")
+    return re.search(r"tw[0-9a-f]{8}", ack.inner_text()).group(0)
+
+
+def find_report(page, base: str, job: str, request_id: str) -> None:
+    """Reports page: the requested window's report shows."""
     deadline = time.monotonic() + 180
     while True:
         page.goto(f"{base}/reports?job={job}&window={request_id}")   # other reports (automatic windows) may be newer

@@ -62,7 +62,7 @@ def distinct_ports(n: int) -> list[int]:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     ports = distinct_ports(2 * NODES)
-    c = LocalCluster(Settings(data_dir=str(tmp_path / "kafka")), nodes=NODES,
+    c = LocalCluster(Settings.from_env(data_dir=str(tmp_path / "kafka")), nodes=NODES,
                      ports=list(zip(ports[::2], ports[1::2], strict=True)))
     try:
         c.start(timeout_s=180)   # raises BrokerError with each node's log tail: the test fails, never skips

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from rankscope.cli.stack.broker import LocalBroker, ensure_broker
-from rankscope.config import Settings
+from rankscope.cli.stack.broker import JVM_HEAP, LocalBroker, ensure_broker
+from rankscope.config import ConfigError, Settings
 from rankscope.topics import Topic
 
 
@@ -39,6 +39,27 @@ def test_server_properties(tmp_path: Path) -> None:
         assert props[key] == "1", key
     assert broker.libs_dir == (tmp_path / "cache").resolve() / f"kafka-{s.kafka_version}" / "libs"
     assert not broker.is_running()
+
+
+def test_kafka_jvm_opts_follow_the_heap_flags(tmp_path: Path) -> None:
+    s = Settings(data_dir=str(tmp_path), kafka_jvm_opts="-XX:+UseSerialGC '-Dx=a b'")
+    assert LocalBroker(s).jvm_opts == [*JVM_HEAP, "-XX:+UseSerialGC", "-Dx=a b"]
+    assert LocalBroker(s, jvm_opts=["-Xmx1g"]).jvm_opts == ["-Xmx1g", "-XX:+UseSerialGC", "-Dx=a b"]
+    assert LocalBroker(Settings(data_dir=str(tmp_path))).jvm_opts == JVM_HEAP
+    with pytest.raises(ConfigError, match="kafka_jvm_opts"):
+        Settings(kafka_jvm_opts="-Dx='unclosed")
+
+
+@pytest.mark.kafka
+def test_the_session_broker_runs_with_the_configured_jvm_opts(kafka_settings: Settings) -> None:
+    if kafka_settings.bootstrap_servers:
+        pytest.fail("this test checks the suite's own local broker; unset RANKSCOPE_BOOTSTRAP_SERVERS")
+    pid = LocalBroker(kafka_settings).pid()
+    assert pid is not None
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    assert kafka_settings.kafka_jvm_opts
+    for opt in kafka_settings.kafka_jvm_opts.split():
+        assert opt in args, (opt, args[:12])
 
 
 def test_ensure_broker_external_does_nothing(tmp_path: Path) -> None:
