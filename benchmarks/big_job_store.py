@@ -163,7 +163,8 @@ def build(store: Store, now_ns: int | None = None, ranks: int = RANKS) -> dict[s
                              "window_steps": np.full(n, 10, np.int32), "median_step_ns": np.full(n, med_step, np.int64),
                              "p95_step_ns": np.full(n, med_step + 2 * MS, np.int64), "median_busy_ns": med_busy,
                              "median_comm_ns": med_step - med_busy, "busy_z": np.where(slow, 9.5, 0.1),
-                             "state": _dict(np.full(n, int(after_hang)), ["running", "waiting"])})
+                             "state": _dict(np.full(n, int(after_hang)), ["running", "waiting"]),
+                             "cpu_wait_share": np.full(n, 0.02)})
 
     # hw_samples: HW_METRICS of each GPU at 1 Hz; batches of 10 s.
     metrics = list(HW_METRICS)

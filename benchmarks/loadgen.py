@@ -393,7 +393,7 @@ def _worker(cfg: LoadConfig, settings_env: dict[str, str], lo: int, hi: int, ind
             seq[r] += 1
             body = {"step": steps, "start_ns": starts, "end_ns": ends, "comm_ns": comms, "hb_step": k,
                     "since_step_s": since, "dropped": 0, "world_size": cfg.ranks, "local_rank": r % 8,
-                    "stacks": stacks}
+                    "stacks": stacks, "cpu": [rel // 2, rel // 20]}   # its training thread: 50% on a CPU, 5% waiting
             send(steps_topic, keys[r], "beat",
                  beat_prefix[r] + k_seq + pack(seq[r]) + k_sent + pack(now_ns) + k_body + pack(body))
         else:

@@ -51,6 +51,7 @@ from rankscope.producers.identity import RankIdentity, resolve_identity
 from rankscope.producers.native_extract import WindowReader
 from rankscope.producers.stack_sampler import StackSampler
 from rankscope.producers.stacks import MAX_FRAMES, all_thread_stacks, frame_label
+from rankscope.producers.thread_cpu import ThreadCpu
 from rankscope.producers.trace_window import WindowController
 from rankscope.producers.transport import Transport
 from rankscope.producers.untraced import leave_profiler
@@ -137,6 +138,7 @@ class Tracer:
                 log.warning("rankscope: hardware sampling off: %s: %s", type(e).__name__, e)
         # Stack sampling (producers/stack_sampler.py, with profile_hz > 0): its own thread, PROFILES topic.
         self._train_ident: int | None = None
+        self.train_cpu = ThreadCpu()      # the training thread's CPU time and run-queue wait, in beats
         self.stack_sampler: StackSampler | None = None
         self._profiles_topic = Topic.PROFILES.name_for(self.settings)
         if self.settings.profile_hz > 0:
@@ -196,6 +198,7 @@ class Tracer:
             self._step += 1
             if self._step <= 1:
                 self._train_ident = threading.get_ident()
+                self.train_cpu.watch(threading.get_native_id())
             rec = (self._step, start, now, min(comm, now - start))
             self._pending.append(rec)
             self._flight.append(rec)
@@ -427,9 +430,13 @@ class Tracer:
             stacks = all_thread_stacks(skip_thread_ids={self._thread.ident or 0})
             if self._comm.ddp_ready_ns > self._step_start_ns:
                 mark_reducer_wait(stacks, MAX_FRAMES)
-        return {"step": self._step, "since_step_s": round(since, 3), "dropped": self.dropped,
-                "world_size": self.identity.world_size, "local_rank": self.identity.local_rank,
-                "stacks": stacks}
+        body: dict[str, Any] = {"step": self._step, "since_step_s": round(since, 3), "dropped": self.dropped,
+                                "world_size": self.identity.world_size, "local_rank": self.identity.local_rank,
+                                "stacks": stacks}
+        cpu = self.train_cpu.read()
+        if cpu is not None:
+            body["cpu"] = list(cpu)
+        return body
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_s):

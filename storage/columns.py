@@ -23,7 +23,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
               "pid", "seq"),
     "heartbeats": ("job", "rank", "ts_ns", "step", "since_step_s", "dropped", "host", "pid", "seq", "stacks"),
     "worker_stats": ("job", "rank", "ts_ns", "step", "window_steps", "median_step_ns", "p95_step_ns",
-                     "median_busy_ns", "median_comm_ns", "busy_z", "state"),
+                     "median_busy_ns", "median_comm_ns", "busy_z", "state", "cpu_wait_share"),
     "hw_samples": ("job", "rank", "host", "device", "ts_ns", "metric", "value"),
     "alerts": ("alert_id", "job", "kind", "status", "severity", "ranks", "step", "opened_ns", "updated_ns",
                "resolved_ns", "version", "summary", "lost_rank_seconds", "body"),

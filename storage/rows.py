@@ -110,10 +110,11 @@ def profile_columns(env: Envelope, out: Columns) -> int:
 
 def stats_tuples(env: Envelope) -> list[tuple[Any, ...]]:
     """The ``worker_stats`` rows of a decoded ``stats`` message (rankscope/protocol/stats.py checked
-    it) as tuples in column order."""
+    it) as tuples in column order; ``cpu_wait_share`` is -1 where the entry has no ``cpu_wait``."""
     job = env.job
     return [(job, e["rank"], e["ts_ns"], e["step"], e["window_steps"], e["median_step_ns"], e["p95_step_ns"],
-             e["median_busy_ns"], e["median_comm_ns"], float(e["busy_z"]), e["state"]) for e in env.body["ranks"]]
+             e["median_busy_ns"], e["median_comm_ns"], float(e["busy_z"]), e["state"], float(e.get("cpu_wait", -1.0)))
+            for e in env.body["ranks"]]
 
 
 def hw_columns(env: Envelope, out: Columns) -> int:

@@ -18,6 +18,10 @@ from typing import Any
 from rankscope.protocol.envelope import Envelope, split_beat
 
 EXTRAPOLATION_CAP_S = 3.0   # a lagging processor extrapolates progress age by at most this much
+CPU_WAIT_WINDOW_S = 30.0    # a rank's run-queue wait share is judged over its last this many seconds
+CPU_WAIT_MIN_SPAN_S = 5.0   # ... once its beats span at least this many
+CPU_MARK_EVERY_S = 5.0      # one kept sample per this many seconds (memory: 10,000 ranks x 8 samples)
+CPU_MARKS = 8
 CRASH_REASONS = ("exception", "signal")
 
 
@@ -44,6 +48,13 @@ class RankState:
     last_sent_ns: int = 0
     last_seq: int = 0
     version: int = 0               # bumped by every change of the step window (median caches)
+    # The training thread's (event time ns, cpu ns, run-queue wait ns), cumulative: kept samples about
+    # CPU_MARK_EVERY_S apart, and the newest.
+    cpu_marks: list[tuple[int, int, int]] = field(default_factory=list)
+    cpu_last: tuple[int, int, int] | None = None
+    # Over its last CPU_WAIT_WINDOW_S, once its beats span CPU_WAIT_MIN_SPAN_S: the share of the time
+    # the training thread waited for a CPU and ran on one, per mille.
+    cpu_wait_pm: tuple[int, int] | None = None
     _medians: tuple[int, int, int, int] = (-1, 0, 0, 0)   # (version, step, busy, comm)
 
     def progress_age_s(self, now_s: float) -> float:
@@ -59,6 +70,30 @@ class RankState:
             else:
                 self._medians = (self.version, 0, 0, 0)
         return self._medians[1], self._medians[2], self._medians[3]
+
+    def add_cpu(self, t_ns: int, cpu_ns: int, runq_ns: int) -> None:
+        """Take one beat's cumulative counters of the training thread (older or equal times are
+        skipped) and update :attr:`cpu_wait_pm`."""
+        if self.cpu_last is not None:
+            if t_ns <= self.cpu_last[0]:
+                return
+            if cpu_ns < self.cpu_last[1] or runq_ns < self.cpu_last[2]:
+                self.forget_cpu()      # counters went back: a new thread
+        sample = (t_ns, cpu_ns, runq_ns)
+        if not self.cpu_marks or t_ns - self.cpu_marks[-1][0] >= CPU_MARK_EVERY_S * 1e9:
+            self.cpu_marks.append(sample)
+            del self.cpu_marks[:-CPU_MARKS]
+        self.cpu_last = sample
+        first = next((m for m in self.cpu_marks if t_ns - m[0] <= CPU_WAIT_WINDOW_S * 1e9), None)
+        if first is None or t_ns - first[0] < CPU_WAIT_MIN_SPAN_S * 1e9:
+            self.cpu_wait_pm = None
+        else:
+            span = t_ns - first[0]
+            self.cpu_wait_pm = (min(1000, max(0, round(1000 * (runq_ns - first[2]) / span))),
+                                min(1000, max(0, round(1000 * (cpu_ns - first[1]) / span))))
+
+    def forget_cpu(self) -> None:
+        self.cpu_marks, self.cpu_last, self.cpu_wait_pm = [], None, None
 
     @property
     def crashed(self) -> bool:
@@ -87,6 +122,7 @@ def fold(st: RankState, env: Envelope, now_s: float, window: int) -> int:
         return fold(st, steps, now_s, window) + fold(st, hb, now_s, window)
     if st.pid and st.pid != env.pid and env.kind != "exit":
         st.last_step, st.exit_reason = -1, ""   # the rank restarted in a new process
+        st.forget_cpu()
     st.host, st.pid = env.host, env.pid
     st.last_sent_ns = max(st.last_sent_ns, env.sent_ns)
     st.last_seq = env.seq
@@ -116,6 +152,9 @@ def fold(st: RankState, env: Envelope, now_s: float, window: int) -> int:
         st.hb_since_s = float(b["since_step_s"])
         st.stacks = b["stacks"]
         st.dropped = b["dropped"]
+        cpu = b.get("cpu")
+        if cpu is not None:
+            st.add_cpu(int(t * 1e9), cpu[0], cpu[1])
     elif env.kind == "exit":
         st.exit_reason = b["reason"]
         st.exit_detail = b["detail"]

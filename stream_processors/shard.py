@@ -13,7 +13,7 @@ from typing import Any
 
 from rankscope.config import Settings
 from rankscope.protocol.envelope import Envelope
-from rankscope.protocol.shard import MAX_SUMMARY_BYTES
+from rankscope.protocol.shard import CPU_WAIT_BIN, MAX_CPU_WAIT_TOP, MAX_SUMMARY_BYTES
 from rankscope.rank_states import DEAD, RUNNING, WAITING, exited_state
 from rankscope.stream_processors import profile_digest
 from rankscope.stream_processors.analysis.outliers import peer_z
@@ -133,6 +133,9 @@ class ShardJob:
             "new_steps": self.new_steps, "retired": int(retired),
             "arrivals": self.arrivals.passed(min((s.last_step for s in live), default=-1)),
         }
+        cpu = self._cpu_wait(live)
+        if cpu is not None:
+            agg["cpu_wait"] = cpu
         if self.collectives.groups:
             self.collectives.forget({st.rank for st in self.ranks.values() if st.exit_reason} | silent_ids)
             agg["coll"] = self.collectives.summary()
@@ -147,6 +150,18 @@ class ShardJob:
             summary.profiles = {r: self.profiles[r] for r in sent}
             self.profiles_unsent.difference_update(sent)
         return _within_bound(summary)
+
+    @staticmethod
+    def _cpu_wait(live: list[RankState]) -> dict[str, Any] | None:
+        """The live ranks' run-queue wait shares: a histogram and the ranks that waited longest."""
+        shares = [(st.rank, *st.cpu_wait_pm) for st in live if st.cpu_wait_pm is not None]
+        if not shares:
+            return None
+        hist: dict[int, int] = {}
+        for _, wait, _ in shares:
+            hist[wait // CPU_WAIT_BIN] = hist.get(wait // CPU_WAIT_BIN, 0) + 1
+        top = heapq.nlargest(MAX_CPU_WAIT_TOP, shares, key=lambda x: (x[1], -x[0]))
+        return {"hist": hist, "top": [list(t) for t in top]}
 
     @staticmethod
     def _failures(crashed: list[RankState]) -> list[Failure]:
@@ -228,12 +243,15 @@ class ShardJob:
                 state = WAITING      # stage one cannot tell the hang's culprit from the ranks it blocks
             else:
                 state = RUNNING
-            rows.append({"rank": r, "ts_ns": ts_ns, "step": st.last_step, "window_steps": len(durs),
-                         "median_step_ns": step_med,
-                         "p95_step_ns": durs[min(len(durs) - 1, int(0.95 * len(durs)))] if durs else 0,
-                         "median_busy_ns": busy_med, "median_comm_ns": comm_med, "busy_z": round(z_of.get(r, 0.0), 3),
-                         "step_end_ns": st.last_step_end_ns,
-                         "state": state})
+            row = {"rank": r, "ts_ns": ts_ns, "step": st.last_step, "window_steps": len(durs),
+                   "median_step_ns": step_med,
+                   "p95_step_ns": durs[min(len(durs) - 1, int(0.95 * len(durs)))] if durs else 0,
+                   "median_busy_ns": busy_med, "median_comm_ns": comm_med, "busy_z": round(z_of.get(r, 0.0), 3),
+                   "step_end_ns": st.last_step_end_ns,
+                   "state": state}
+            if st.cpu_wait_pm is not None:
+                row["cpu_wait"] = st.cpu_wait_pm[0] / 1000
+            rows.append(row)
         return [rows[i:i + STATS_ROWS_PER_MESSAGE] for i in range(0, len(rows), STATS_ROWS_PER_MESSAGE)]
 
 

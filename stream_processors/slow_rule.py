@@ -23,7 +23,9 @@ exited). A slow rank waiting in a collective for a hung peer stays. Evaluated wh
 Lost rank-seconds: the leads of the named ranks at the steps they were last, times the world size,
 summed while the incident is open. Busy times (step time minus collective wait) are reported in
 the alert's details as evidence; they do not decide, because a rank's busy time also depends on
-when it left the previous collective (see stream_processors/arrivals.py).
+when it left the previous collective (see stream_processors/arrivals.py). So are the slow ranks'
+run-queue waits against their peers' (stream_processors/cpu_wait.py): a slow rank starved of CPU
+by its host is said so in the summary.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 from rankscope.config import Settings
 from rankscope.last_arrivals import Step, enter_share, horizon_stats, latest_horizon
 from rankscope.protocol.alerts import MAX_DETAIL_RANKS, MAX_RANKS, Alert
-from rankscope.protocol.shard import arrival_rows, coll_groups
+from rankscope.protocol.shard import arrival_rows, coll_groups, cpu_wait
+from rankscope.stream_processors import cpu_wait as cpu_evidence
 from rankscope.stream_processors import profile_digest
 from rankscope.stream_processors.analysis.outliers import flag_slow
 from rankscope.stream_processors.arrivals import ArrivalLedger
@@ -72,6 +75,7 @@ class SlowRule:
 
     def add(self, summary: ShardSummary) -> None:
         """Take a shard summary's arrival rows and collective rows. Raises WireError when malformed."""
+        cpu_wait(summary.agg)   # checked here; read at evaluation from the monitor's summaries
         self.ledger.add(summary.shard, summary.agg, arrival_rows(summary.agg))
         for pg, g in coll_groups(summary.agg).items():
             led = self.groups.get(pg)
@@ -180,6 +184,9 @@ class SlowRule:
         named_paths = profile_digest.above_peers(mon.profile_shares(), slow)
         if named_paths:
             details["profile"] = named_paths
+        cpu = cpu_evidence.evidence((cpu_wait(mon.shards[sh].agg) for sh in active), slow)
+        if cpu is not None:
+            details["cpu_wait"] = cpu
         worst = max(slow, key=lambda r: stats.get(r, (0.0, 0.0))[1])
         share, cost = stats.get(worst, (0.0, 0.0))
         if source == STEPS:
@@ -191,6 +198,11 @@ class SlowRule:
         summary = (f"job {mon.job}: rank{'s' if len(slow) > 1 else ''} {','.join(map(str, slow[:16]))} slow: "
                    f"last to reach {where} in {share:.0%} of the last {len(horizon)} {items} "
                    f"({details['horizon_s']:.0f} s), costing {cost:.1%} of the job's time")
+        if cpu is not None and cpu.get("starved"):    # why it is slow, before where its time goes
+            r = cpu["starved"][0]
+            summary += (f"; rank {r}'s training thread waited for a CPU {cpu['wait_share'][str(r)]:.0%} of the last "
+                        f"{cpu['window_s']:.0f} s, its peers' median {cpu['peers_median_wait_share']:.0%}: "
+                        f"the cores it runs on are oversubscribed")
         if named_paths:
             top = named_paths[0]
             summary += (f"; {'their' if len(slow) > 1 else 'its'} profile: {top['share']:.0%} of its time in {top['function']}, "

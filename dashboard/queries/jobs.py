@@ -84,7 +84,7 @@ def jobs(store: Store, now_ns: int | None = None, limit: int = 1000) -> pd.DataF
 # Ranks of a job ---------------------------------------------------------------------------------
 
 RANKS_COLUMNS = ["rank", "state", "host", "pid", "local_rank", "last_step", "median_step_ms",
-                 "median_busy_ms", "median_comm_ms", "busy_z", "heartbeat_age_s", "since_step_s",
+                 "median_busy_ms", "median_comm_ms", "busy_z", "cpu_wait_pct", "heartbeat_age_s", "since_step_s",
                  "dropped", "alerts", "exit_reason", "exit_detail"]
 
 
@@ -92,7 +92,8 @@ def rank_rows(store: Store, job: str, recent_steps: int = 50, now_ns: int | None
     """Raw per-rank facts of one job (no state yet): identity, progress, recent medians, heartbeat.
 
     Medians are over each rank's last ``recent_steps`` steps. ``heartbeat_age_s`` is the time since
-    the newest of the rank's last heartbeat and its last ``ranks`` update; ``stats_state`` is the
+    the newest of the rank's last heartbeat and its last ``ranks`` update; ``cpu_wait_pct`` the newest
+    share of its last 30 s its training thread waited for a CPU (NaN unknown); ``stats_state`` is the
     newest ``worker_stats.state`` ('' when the processors wrote none).
     """
     check_positive("recent_steps", recent_steps)
@@ -127,7 +128,8 @@ def rank_rows(store: Store, job: str, recent_steps: int = 50, now_ns: int | None
                    argMax(dropped, ts_ns) AS hb_dropped, argMax(step, ts_ns) AS hb_step
             FROM {db}.heartbeats WHERE job = {{job:String}} GROUP BY rank),
           w AS (
-            SELECT rank, argMax(state, ts_ns) AS w_state, argMax(busy_z, ts_ns) AS w_z
+            SELECT rank, argMax(state, ts_ns) AS w_state, argMax(busy_z, ts_ns) AS w_z,
+                   argMax(cpu_wait_share, ts_ns) AS w_cpu_wait
             FROM {db}.worker_stats WHERE job = {{job:String}} GROUP BY rank)
         SELECT rank,
                if(r_host != '', toString(r_host), toString(s_host)) AS host,
@@ -135,7 +137,9 @@ def rank_rows(store: Store, job: str, recent_steps: int = 50, now_ns: int | None
                r_local AS local_rank,
                greatest(r_step, s_step, hb_step) AS last_step,
                greatest(r_seen, s_end, hb_ns) AS seen_ns,
-               med_step_ns, med_busy_ns, med_comm_ns, w_z AS busy_z, hb_since AS since_step_s,
+               med_step_ns, med_busy_ns, med_comm_ns, w_z AS busy_z,
+               if(w_state = '', -1, w_cpu_wait) AS cpu_wait_share,   -- -1: no stats row (a LEFT JOIN's 0)
+               hb_since AS since_step_s,
                hb_dropped AS dropped, toString(w_state) AS stats_state,
                toString(r_exit) AS exit_reason, r_detail AS exit_detail
         FROM r FULL OUTER JOIN s USING (rank)
@@ -151,6 +155,8 @@ def rank_rows(store: Store, job: str, recent_steps: int = 50, now_ns: int | None
     for c in ("step", "busy", "comm"):
         df[f"median_{c}_ms"] = (df[f"med_{c}_ns"].astype(float) / 1e6).round(2)
     df["busy_z"] = df["busy_z"].astype(float).round(2)
+    wait = df["cpu_wait_share"].astype(float)
+    df["cpu_wait_pct"] = (wait * 100).round(1).where(wait >= 0)     # unknown (-1, or no stats row): NaN
     return df
 
 

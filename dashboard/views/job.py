@@ -64,6 +64,7 @@ def ranks_table(ranks: pd.DataFrame) -> None:
             "step ms (median)": ranks["median_step_ms"].map("{:.1f}".format),
             "busy ms (median)": ranks["median_busy_ms"].map("{:.1f}".format),
             "busy z": ranks["busy_z"].map(lambda z: "" if pd.isna(z) else f"{z:+.1f}"),
+            "CPU wait %": ranks["cpu_wait_pct"].map(lambda w: "" if pd.isna(w) else f"{w:.0f}"),
             "heartbeat": ranks["heartbeat_age_s"].map(ui.ago),
             "alerts": ranks["alerts"],
             "exit": (ranks["exit_reason"] + " " + ranks["exit_detail"]).str.strip(),
@@ -74,7 +75,7 @@ def ranks_table(ranks: pd.DataFrame) -> None:
     grid = pd.DataFrame({
         "rank": ranks["rank"], "state": ranks["state"], "host": ranks["host"], "pid": ranks["pid"],
         "last step": ranks["last_step"], "step ms (median)": ranks["median_step_ms"],
-        "busy ms (median)": ranks["median_busy_ms"], "busy z": ranks["busy_z"],
+        "busy ms (median)": ranks["median_busy_ms"], "busy z": ranks["busy_z"], "CPU wait %": ranks["cpu_wait_pct"],
         "heartbeat s ago": ranks["heartbeat_age_s"], "alerts": ranks["alerts"],
         "exit": (ranks["exit_reason"] + " " + ranks["exit_detail"]).str.strip(),
     })
@@ -83,6 +84,8 @@ def ranks_table(ranks: pd.DataFrame) -> None:
               "step ms (median)": st.column_config.NumberColumn(format="%.1f"),
               "busy ms (median)": st.column_config.NumberColumn(format="%.1f"),
               "busy z": st.column_config.NumberColumn(format="%+.1f"),
+              "CPU wait %": st.column_config.NumberColumn(
+                  format="%.0f", help="share of the last 30 s the rank's training thread waited for a CPU"),
               "heartbeat s ago": st.column_config.NumberColumn(format="%.0f")}
     if len(ranks) > STYLED_MAX_RANKS:
         st.dataframe(grid, hide_index=True, height=420, column_config=config)

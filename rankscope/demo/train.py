@@ -5,14 +5,20 @@
 One rank can be made slow (``--slow-factor`` x the compute of the others, inside
 ``slow_extra_compute``) and one can hang at a given step (inside ``hang_forever``), the
 way a deadlocked data loader or a stuck kernel would. One can raise at a given step (inside
-``load_batch``), the way a CUDA error or a corrupt sample ends a job.
+``load_batch``), the way a CUDA error or a corrupt sample ends a job. One can be starved of CPU
+(``--starved-rank``): it is bound to one core and lowered to nice ``--starved-nice``, and
+``--neighbours`` busy processes at the usual priority share the core, as a busier neighbour on a
+rank's cores would (data-loader workers, another service) take most of it.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import itertools
+import os
+import subprocess
 import sys
 import time
 
@@ -38,6 +44,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the hang rank hangs at its first step this many seconds after its first (0 = off)")
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-at-step", type=int, default=-1)
+    p.add_argument("--starved-rank", type=int, default=-1,
+                   help="bind this rank to one core at nice --starved-nice, with --neighbours busy processes on it")
+    p.add_argument("--neighbours", type=int, default=1)
+    p.add_argument("--starved-nice", type=int, default=10)
     p.add_argument("--ddp", action="store_true", help="train a small MLP under DDP instead of explicit all_reduce")
     args = p.parse_args(argv)
     if args.steps <= 0:
@@ -48,7 +58,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--min-seconds needs the explicit all_reduce, not --ddp")
     if args.slow_factor < 1:
         p.error(f"--slow-factor must be >= 1, got {args.slow_factor}")
+    if args.neighbours < 1 or not 0 <= args.starved_nice <= 19:
+        p.error(f"--neighbours must be >= 1 and --starved-nice 0..19, got {args.neighbours} and {args.starved_nice}")
     return args
+
+
+# A busy process that ends when its parent does (a SIGKILLed rank leaves none behind).
+BUSY = "import os\np = os.getppid()\nwhile os.getppid() == p:\n    sum(i * i for i in range(10000))\n"
+
+
+def share_core_with_neighbours(n: int, nice: int) -> list[subprocess.Popen[bytes]]:
+    """Bind this thread to its first allowed core at ``nice`` and start ``n`` busy processes bound to
+    it at the usual priority."""
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(n)]
+    os.nice(nice)
+    for proc in procs:
+        os.sched_setaffinity(proc.pid, {core})
+    for proc in procs:
+        atexit.register(proc.kill)
+    print(f"rank starved: bound to core {core} at nice {nice} with {n} busy processes", file=sys.stderr, flush=True)
+    return procs
 
 
 def compute(x: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
@@ -87,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if rank == args.starved_rank:
+        share_core_with_neighbours(args.neighbours, args.starved_nice)
     tracer = Tracer()
     torch.manual_seed(rank)
     x0 = torch.randn(args.size, args.size)

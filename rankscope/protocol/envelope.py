@@ -184,7 +184,8 @@ def split_beat(env: Envelope) -> tuple[Envelope, Envelope]:
     This is where v1 and v2 meet: consumers fold the pair, whichever version sent it."""
     b = env.body
     steps_body = {c: b[c] for c in steps.STEP_COLUMNS}
-    hb = {"step": b["hb_step"], **{f: b[f] for f in steps.HEARTBEAT_FIELDS}}
+    hb = {"step": b["hb_step"], **{f: b[f] for f in steps.HEARTBEAT_FIELDS},
+          **{f: b[f] for f in steps.HEARTBEAT_OPTIONAL if f in b}}
 
     def part(kind: str, body: dict[str, Any]) -> Envelope:
         return _trusted_envelope(kind, env.job, env.rank, env.host, env.pid, env.seq, env.sent_ns, body, env.v)

@@ -6,6 +6,7 @@ Body::
     {"shard": int, "ts_ns": int,
      "agg": {AGG_INTS...: int, "step_hist": {...}, "busy_hist": {...},
              "arrivals": [[step, arrival_ns, rank, gap_ns, dur_ns], ...],     # optional
+             "cpu_wait": {"hist": {bin: count}, "top": [[rank, wait, cpu], ...]}, # optional
              "coll": {pg: {...}, ...}},                                       # optional
      "rows": [[ROW_TYPES...], ...],                # ranks a rule may name
      "stacks": {signature: [count, waiting, [frame, ...], [rank, ...]], ...},
@@ -14,8 +15,12 @@ Body::
 
 A summary's encoded size stays under :data:`MAX_SUMMARY_BYTES` whatever the job size.
 :func:`check_shard` is decode's check of the body's fields; :func:`check_summary` checks inside
-them, :func:`check_profiles` the profile digests, :func:`arrival_rows` and :func:`coll_groups` the
-job-wide rules' rows in ``agg``. Each raises WireError("bad_body").
+them, :func:`check_profiles` the profile digests, :func:`arrival_rows`, :func:`coll_groups` and
+:func:`cpu_wait` the job-wide rules' rows in ``agg``. Each raises WireError("bad_body").
+
+``cpu_wait`` describes the live ranks' training threads over their last 30 s: ``hist`` counts ranks
+by run-queue wait share (bin = share per mille // CPU_WAIT_BIN), ``top`` lists the ranks that waited
+longest, with their wait and CPU shares per mille.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ MAX_COLL_ROWS = 4096         # agg.coll rows per group
 MAX_COLL_MISMATCHES = 4      # agg.coll mismatches per group
 MAX_PROFILE_PATHS = 8        # call paths per rank in profiles
 MAX_SHARE = 1000             # a profile share, per mille
+MAX_CPU_WAIT_TOP = 16        # agg.cpu_wait.top rows
+CPU_WAIT_BIN = 50            # agg.cpu_wait.hist bin width, per mille
 
 NUMBER = (int, float)
 # A row's fields (stream_processors/shard_summary.py Row): rank, host, pid, last_step,
@@ -119,6 +126,23 @@ def arrival_rows(agg: dict[str, Any]) -> list[tuple[int, int, int, int, int]]:
         s, a, r, gap, dur = row
         out.append((s, a, r, gap, dur))
     return out
+
+
+def cpu_wait(agg: dict[str, Any]) -> tuple[dict[int, int], list[tuple[int, int, int]]]:
+    """A summary's ``agg["cpu_wait"]``, checked: (hist, top rows (rank, wait, cpu per mille)); empty
+    when absent."""
+    raw = agg.get("cpu_wait")
+    if raw is None:
+        return {}, []
+    hist, top = (raw.get("hist"), raw.get("top")) if type(raw) is dict else (None, None)
+    if not (type(hist) is dict and all(type(k) is int and 0 <= k <= MAX_SHARE // CPU_WAIT_BIN and type(v) is int
+                                       and v > 0 for k, v in hist.items())):
+        raise bad_body("shard.agg.cpu_wait.hist must map bins 0..20 to counts")
+    if not (type(top) is list and len(top) <= MAX_CPU_WAIT_TOP
+            and all(type(r) is list and len(r) == 3 and all(type(x) is int for x in r)
+                    and 0 <= r[1] <= MAX_SHARE and 0 <= r[2] <= MAX_SHARE for r in top)):
+        raise bad_body(f"shard.agg.cpu_wait.top must be at most {MAX_CPU_WAIT_TOP} rows [rank, wait, cpu] per mille")
+    return hist, [(r[0], r[1], r[2]) for r in top]
 
 
 def coll_groups(agg: dict[str, Any]) -> dict[str, dict[str, Any]]:

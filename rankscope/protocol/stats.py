@@ -4,9 +4,11 @@ Body::
 
     {"ranks": [{"rank": int32, "ts_ns": int, "step": int, "window_steps": int32,
                 "median_step_ns": int, "p95_step_ns": int, "median_busy_ns": int, "median_comm_ns": int,
-                "busy_z": number, "state": str}, ...]}
+                "busy_z": number, "state": str,
+                "cpu_wait": number}, ...]}                    # optional
 
-Integers are Int64 unless marked int32.
+Integers are Int64 unless marked int32. ``cpu_wait`` is the share (0..1) of the rank's last 30 s its
+training thread waited for a CPU, where the rank reports it (rankscope/protocol/steps.py ``cpu``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def check_stats(body: dict[str, Any]) -> None:
                 and type(mb) is int and LO <= mb <= HI and type(mc) is int and LO <= mc <= HI
                 and (tz is float or tz is int) and type(state) is str):
             raise _entry_error(i, e)
+        cw = e.get("cpu_wait")
+        if cw is not None and not ((type(cw) is float or type(cw) is int) and 0 <= cw <= 1):
+            raise bad_body(f"stats.ranks[{i}].cpu_wait={cw!r} is not a share 0..1")
 
 
 def _entry_error(i: int, e: Any) -> WireError:

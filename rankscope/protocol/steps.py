@@ -7,7 +7,12 @@
 ``heartbeat`` (v1) carries the rank's liveness::
 
     {"step": int, "since_step_s": float, "dropped": int, "world_size": int, "local_rank": int,
-     "stacks": [{"thread": str, "frames": [str, ...]}, ...] | nil}
+     "stacks": [{"thread": str, "frames": [str, ...]}, ...] | nil,
+     "cpu": [cpu_ns, runq_ns]}                    # optional
+
+``cpu`` is the training thread's CPU time and its time runnable but waiting for a CPU (the kernel's
+run-queue wait), both cumulative since the thread started (/proc/<pid>/task/<tid>/schedstat);
+absent where the rank cannot read them, and from ranks older than the field.
 
 ``beat`` (v2) is both in one message per rank per heartbeat period: the step columns, the
 heartbeat's fields with its ``step`` named ``hb_step``, and optionally ``coll``, the rank's
@@ -27,6 +32,7 @@ from rankscope.protocol.fields import missing, wrong_type
 
 STEP_COLUMNS = ("step", "start_ns", "end_ns", "comm_ns")
 HEARTBEAT_FIELDS = ("since_step_s", "dropped", "world_size", "local_rank", "stacks")
+HEARTBEAT_OPTIONAL = ("cpu",)
 
 
 def check_steps(body: dict[str, Any]) -> None:
@@ -92,6 +98,9 @@ def _check_heartbeat_fields(kind: str, b: dict[str, Any], step_field: str) -> No
         raise wrong_type(f"{kind}.local_rank", local_rank)
     if stacks is not None:
         check_stacks(f"{kind}.stacks", stacks)
+    cpu = b.get("cpu")
+    if cpu is not None and not (type(cpu) is list and len(cpu) == 2 and all(type(x) is int and x >= 0 for x in cpu)):
+        raise bad_body(f"{kind}.cpu must be [cpu_ns, runq_ns], two integers >= 0")
 
 
 def check_stacks(name: str, stacks: Any) -> None:

@@ -115,7 +115,8 @@ def populate(store: Store, now_ns: int | None = None) -> int:
                            "window_steps": 20, "median_step_ns": int(wall * MS),
                            "p95_step_ns": int((wall + 2) * MS), "median_busy_ns": int(r.busy_ms * MS),
                            "median_comm_ns": int((wall - r.busy_ms) * MS),
-                           "busy_z": 6.2 if r.stats_state == "slow" else 0.1, "state": r.stats_state})
+                           "busy_z": 6.2 if r.stats_state == "slow" else 0.1, "state": r.stats_state,
+                           "cpu_wait_share": 0.45 if r.stats_state == "slow" else 0.03})
         for k in range(12):
             ts = now - (12 - k) * 5 * S
             util = 35.0 if r.stats_state == "slow" else 97.0 - k % 3

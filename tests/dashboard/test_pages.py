@@ -47,6 +47,7 @@ def test_ranks_states_from_alerts_and_stats(store, now):
     assert r.loc[3, "last_step"] == 57 and r.loc[0, "last_step"] == 58
     assert r.loc[3, "alerts"] == "hang" and r.loc[1, "alerts"] == "slow_rank"
     assert r.loc[2, "host"] == "node-b" and r.loc[2, "pid"] == 5200
+    assert r.loc[1, "cpu_wait_pct"] == 45.0 and r.loc[0, "cpu_wait_pct"] == 3.0
 
 
 def test_ranks_go_dead_when_heartbeats_stop(store, now):

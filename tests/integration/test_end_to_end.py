@@ -11,7 +11,7 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ import pytest
 from rankscope.cli.stack.admin import ensure_topics
 from rankscope.config import Settings
 from rankscope.own_frames import is_own_frame
+from rankscope.protocol.alerts import Alert
 from rankscope.protocol.envelope import decode
 from rankscope.storage.sink import Sink
 from rankscope.storage.store import Store, close_store, open_store
@@ -182,45 +183,69 @@ def step_start_s(store: Store, job: str, rank: int, step: int) -> float:
     return wait_until(start, 120, f"step {step} of rank {rank} in ClickHouse") / 1e9
 
 
-def test_steady_straggler_is_named_within_30_s(pipeline: tuple[Settings, Store, Path]) -> None:
-    settings, store, work = pipeline
-    job = f"steady-{uuid.uuid4().hex[:6]}"
+def job_until_alert(pipeline: tuple[Settings, Store, Path], name: str, args: list[str],
+                    accept: Callable[[Alert], bool], timeout_s: float, what: str) -> tuple[str, Alert, list[Alert]]:
+    """Run the demo job with ``args`` until the processors publish an alert of it that ``accept``s;
+    stop it. Returns the job's id, that alert and every alert of the job read until then."""
+    settings, _, work = pipeline
+    job = f"{name}-{uuid.uuid4().hex[:6]}"
     log = work / f"{job}.log"
     reader = AlertReader(settings)
-    proc = start_job(settings, job, log, "--steps", "100000", "--slow-rank", "1", "--slow-factor", "1.5")
+    proc = start_job(settings, job, log, *args)
     try:
         diag = lambda: "job log:\n" + tail(log) + "\nprocessors log:\n" + tail(work / "processors.log")  # noqa: E731
-        slow = reader.wait_for(lambda a: a.job == job and a.kind == "slow_rank" and a.status == "open", 240,
-                               "slow_rank", diag)
-        others = [a for a in reader.alerts(job) if a.kind != "slow_rank"]
+        alert = reader.wait_for(lambda a: a.job == job and accept(a), timeout_s, what, diag)
+        seen = reader.alerts(job)
     finally:
         stop_process(proc)
         reader.close()
+    return job, alert, seen
+
+
+def slow_open(a: Alert) -> bool:
+    return a.kind == "slow_rank" and a.status == "open"
+
+
+def test_steady_straggler_is_named_within_30_s(pipeline: tuple[Settings, Store, Path]) -> None:
+    settings, store, _ = pipeline
+    job, slow, seen = job_until_alert(pipeline, "steady", ["--steps", "100000", "--slow-rank", "1", "--slow-factor", "1.5"],
+                                      slow_open, 240, "slow_rank")
+    others = [a for a in seen if a.kind != "slow_rank"]
     assert slow.ranks == [1], slow.summary
     assert not others, [a.summary for a in others]
     after_s = slow.opened_ns / 1e9 - step_start_s(store, job, 1, 0)
     print(f"steady 1.5x straggler named {after_s:.1f} s after its first step: {slow.summary}")
     assert after_s <= 30, f"named {after_s:.1f} s after its first step: {slow.summary}"
     assert slow.details["cost_share"]["1"] >= settings.straggler_cost_gate
+    # Its own compute holds it back, not its host: its peers wait in the collective while it works,
+    # so it waits longer for a CPU than they do on a busy machine, but not enough to be called starved.
+    assert "oversubscribed" not in slow.summary and slow.details["cpu_wait"]["starved"] == [], slow.details
+
+
+def test_a_rank_starved_of_cpu_by_its_host_is_said_to_be(pipeline: tuple[Settings, Store, Path]) -> None:
+    # Rank 1 does the same work as its peers, at nice 10 on one core that a busy process shares.
+    _, slow, seen = job_until_alert(
+        pipeline, "starved", ["--steps", "100000", "--starved-rank", "1", "--neighbours", "1", "--starved-nice", "10"],
+        lambda a: slow_open(a) and 1 in a.details.get("cpu_wait", {}).get("starved", []), 240,
+        "a slow_rank alert that says rank 1 is starved of CPU")
+    others = [a for a in seen if a.kind != "slow_rank"]
+    cpu = slow.details["cpu_wait"]
+    print(f"starved rank: {slow.summary}; wait shares {cpu['wait_share']}, cpu shares {cpu['cpu_share']}, "
+          f"peers' median wait {cpu['peers_median_wait_share']}")
+    assert slow.ranks == [1], slow.summary
+    assert "rank 1's training thread waited for a CPU" in slow.summary and "oversubscribed" in slow.summary
+    assert cpu["wait_share"]["1"] > cpu["peers_median_wait_share"]
+    assert not others, [a.summary for a in others]
 
 
 def test_rank_slow_from_mid_run_is_named_within_30_s_of_the_onset(pipeline: tuple[Settings, Store, Path]) -> None:
     # 1,500 healthy steps (about 30 s) with no alert, then rank 2 runs 1.5x the compute.
-    settings, store, work = pipeline
-    job = f"onset-{uuid.uuid4().hex[:6]}"
-    log = work / f"{job}.log"
+    _, store, _ = pipeline
     onset_step = 1500
-    reader = AlertReader(settings)
-    proc = start_job(settings, job, log, "--steps", "100000", "--slow-rank", "2", "--slow-factor", "1.5",
-                     "--slow-from-step", str(onset_step))
-    try:
-        diag = lambda: "job log:\n" + tail(log) + "\nprocessors log:\n" + tail(work / "processors.log")  # noqa: E731
-        slow = reader.wait_for(lambda a: a.job == job and a.kind == "slow_rank" and a.status == "open", 300,
-                               "slow_rank", diag)
-        before = [a for a in reader.alerts(job) if a.alert_id != slow.alert_id]
-    finally:
-        stop_process(proc)
-        reader.close()
+    job, slow, seen = job_until_alert(pipeline, "onset", ["--steps", "100000", "--slow-rank", "2", "--slow-factor", "1.5",
+                                                          "--slow-from-step", str(onset_step)],
+                                      slow_open, 300, "slow_rank")
+    before = [a for a in seen if a.alert_id != slow.alert_id]
     onset_s = step_start_s(store, job, 2, onset_step)
     assert not before, [a.summary for a in before]
     assert slow.ranks == [2], slow.summary

@@ -6,6 +6,7 @@ import threading
 
 from rankscope.clock import ManualClock
 from rankscope.config import Settings
+from rankscope.producers.thread_cpu import ThreadCpu
 from rankscope.producers.tracer import Tracer
 from rankscope.protocol.envelope import decode
 
@@ -77,6 +78,33 @@ def test_heartbeat_carries_stacks_only_when_the_step_is_overdue():
     main = [s for s in body["stacks"] if s["thread"] == threading.current_thread().name][0]
     assert any("test_heartbeat_carries_stacks" in f for f in main["frames"])
     tracer.close()
+
+
+def test_beats_carry_the_training_threads_cpu_time_and_run_queue_wait():
+    clock = ManualClock()
+    tracer, _ = make(clock)
+    assert "cpu" not in tracer.heartbeat_body()      # no step yet: which thread trains is unknown
+    tracer.close()
+
+    tracer, t = make(clock)
+    tracer.step()
+    tracer.step()
+    sum(i * i for i in range(300_000))
+    cpu_ns, runq_ns = tracer.heartbeat_body()["cpu"]
+    assert cpu_ns >= 1_000_000 and runq_ns >= 0       # this thread's CPU time since it started
+    assert tracer.train_cpu.path.endswith(f"/task/{threading.get_native_id()}/schedstat")
+    tracer.close()
+    beats = [m for m in t.messages() if m.kind == "beat"]
+    assert beats[-1].body["cpu"][0] >= cpu_ns
+
+
+def test_a_missing_schedstat_leaves_one_log_line_and_no_cpu(tmp_path, caplog):
+    reader = ThreadCpu(proc_root=str(tmp_path))
+    assert reader.read() is None                     # nothing watched yet
+    reader.watch(123)
+    with caplog.at_level("INFO", logger="rankscope.producers.thread_cpu"):
+        assert reader.read() is None and reader.read() is None
+    assert len([r for r in caplog.records if "run-queue wait is not reported" in r.getMessage()]) == 1
 
 
 def test_tracer_never_raises_even_with_a_broken_transport():

@@ -20,6 +20,7 @@ from rankscope.stream_processors.report_alerts import ReportAlerts
 from tests.fr_dumps import ModelledJob
 from tests.stream_processors import test_failures as failures
 from tests.stream_processors import test_monitor as monitor
+from tests.stream_processors import test_slow_rule as slow_rule
 from tests.stream_processors.test_collective_rules import run as run_modelled
 from tests.stream_processors.test_report_alerts import report
 
@@ -56,7 +57,11 @@ def slow_rank_alerts() -> list[Alert]:
         monitor.feed_healthy(mon, 100.0 + i, first=i * 10, n=20)
         out += mon.scan(100.0 + i, monitor.S)
     _, modelled, _ = run_modelled(ModelledJob(compute_ns={0: 5_000_000, 1: 5_000_000, 2: 20_000_000, 3: 5_000_000}), 6)
-    return out + modelled       # the second judged from collectives (details.process_group, .collective)
+    starved = slow_rule.Job(seed=5)     # a straggler starved of CPU (details.cpu_wait)
+    out += starved.run(3000, lambda r, s: slow_rule.BUSY_NS * (3 if r == 1 else 2) // 2,
+                       runq_share=lambda r: 0.45 if r == 1 else 0.03)
+    assert any("cpu_wait" in a.details for a in out)
+    return out + modelled       # the last judged from collectives (details.process_group, .collective)
 
 
 def rank_failed_alerts() -> list[Alert]:

@@ -92,6 +92,18 @@ def test_a_shard_summarys_rule_rows_are_bounded() -> None:
             "wrong shape")
 
 
+def test_a_shard_summarys_cpu_waits_are_bounded() -> None:
+    top = [[r, 900 - r, 400] for r in range(shard.MAX_CPU_WAIT_TOP)]
+    hist, rows = shard.cpu_wait({"cpu_wait": {"hist": {0: 30, 18: 2}, "top": top}})
+    assert hist == {0: 30, 18: 2} and rows[0] == (0, 900, 400)
+    assert shard.cpu_wait({}) == ({}, [])
+    refused(shard.cpu_wait, {"cpu_wait": {"hist": {}, "top": [*top, [99, 1, 1]]}}, "at most 16 rows")
+    refused(shard.cpu_wait, {"cpu_wait": {"hist": {}, "top": [[1, 1001, 0]]}}, "per mille")
+    refused(shard.cpu_wait, {"cpu_wait": {"hist": {21: 1}, "top": []}}, "bins 0..20")
+    refused(shard.cpu_wait, {"cpu_wait": {"hist": {0: 0}, "top": []}}, "bins 0..20")
+    refused(shard.cpu_wait, {"cpu_wait": [1]}, "hist")
+
+
 def test_profile_digests_are_bounded() -> None:
     ok = {"names": ["a;b"], "ranks": [[1, 5, [0], [500]]]}
     shard.check_profiles(ok)

@@ -59,6 +59,17 @@ def test_v2_beat_splits_into_the_v1_pair():
     assert rank_key("job-1", 7) == b"job-1/7"
 
 
+def test_a_beat_may_carry_the_training_threads_cpu_counters():
+    e = decode(encode(env("beat", {**BEAT, "cpu": [5_000, 700]})))
+    assert split_beat(e)[1].body["cpu"] == [5_000, 700]
+    assert "cpu" not in split_beat(decode(encode(env("beat", BEAT))))[1].body    # older ranks send none
+    assert decode(encode(env("heartbeat", {**split_beat(e)[1].body}))).body["cpu"] == [5_000, 700]
+    for bad in ([1], [1, -1], [1, 2.0], "1,2", [True, 1]):
+        with pytest.raises(WireError, match="cpu must be") as ei:
+            decode(encode(env("beat", {**BEAT, "cpu": bad})))
+        assert ei.value.reason == "bad_body"
+
+
 def test_v1_messages_still_decode_and_v1_cannot_carry_a_beat():
     v1 = msgpack.packb({**env().to_dict(), "v": 1})
     assert decode(v1).v == 1 and decode(v1).kind == "steps"

@@ -6,7 +6,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+
 from rankscope.protocol.envelope import Envelope, decode, encode
+from rankscope.protocol.errors import WireError
 from rankscope.storage.columns import TABLE_COLUMNS, Columns
 from rankscope.storage.convert import Batch, RowBuilder
 from rankscope.storage.rows import hw_columns, stats_tuples
@@ -31,11 +34,14 @@ def test_a_hopper_ranks_samples_make_a_row_per_sample_and_metric() -> None:
 def test_stats_tuples_are_the_worker_stats_columns_in_order() -> None:
     entry = {"rank": 1, "ts_ns": 5, "step": 2, "window_steps": 3, "median_step_ns": 4, "p95_step_ns": 5,
              "median_busy_ns": 6, "median_comm_ns": 7, "busy_z": 1, "state": "running"}
-    e = decode(encode(_env("stats", {"ranks": [entry, {**entry, "rank": 2, "busy_z": 0.5}]})))
+    e = decode(encode(_env("stats", {"ranks": [entry, {**entry, "rank": 2, "busy_z": 0.5, "cpu_wait": 0.25}]})))
     names = TABLE_COLUMNS["worker_stats"]
-    assert stats_tuples(e) == [tuple({"job": "j", **entry, "busy_z": float(entry["busy_z"])}[c] for c in names),
-                               tuple({"job": "j", **entry, "rank": 2, "busy_z": 0.5}[c] for c in names)]
+    assert stats_tuples(e) == [
+        tuple({"job": "j", **entry, "busy_z": float(entry["busy_z"]), "cpu_wait_share": -1.0}[c] for c in names),
+        tuple({"job": "j", **entry, "rank": 2, "busy_z": 0.5, "cpu_wait_share": 0.25}[c] for c in names)]
     assert type(stats_tuples(e)[0][names.index("busy_z")]) is float
+    with pytest.raises(WireError, match="cpu_wait=1.5 is not a share"):
+        decode(encode(_env("stats", {"ranks": [{**entry, "cpu_wait": 1.5}]})))
 
 
 class CheckedBeats(RowBuilder):

@@ -42,9 +42,12 @@ class Job:
         return lambda r, s: int(BUSY_NS * self.rng.lognormvariate(0, sigma))
 
     def run(self, steps: int, busy: Callable[[int, int], int], offset: Callable[[int], int] = lambda r: 0,
-            settings: Settings = S, batch: int = 10, scan_every: int = 50) -> list[Alert]:
+            settings: Settings = S, batch: int = 10, scan_every: int = 50,
+            runq_share: Callable[[int], float] | None = None) -> list[Alert]:
         """Step the job ``steps`` times; ranks send every ``batch`` steps, the rules scan every
-        ``scan_every`` (about once a second). Returns the alerts published meanwhile."""
+        ``scan_every`` (about once a second). With ``runq_share``, heartbeats carry each rank's
+        training thread counters: it waits for a CPU that share of the time and runs half of it.
+        Returns the alerts published meanwhile."""
         out: list[Alert] = []
         rows: dict[int, list[tuple[int, int, int, int]]] = {r: [] for r in range(self.n)}
         for _ in range(steps):
@@ -61,7 +64,9 @@ class Job:
             if self.step % batch == 0:
                 for r in range(self.n):
                     self.mon.apply(steps_env(r, rows[r]), now, settings)
-                    self.mon.apply(hb_env(r, s, self.n), now, settings)
+                    el = self.t_ns - T0_NS
+                    cpu = [el // 2, int(el * runq_share(r))] if runq_share is not None else None
+                    self.mon.apply(hb_env(r, s, self.n, cpu), now, settings)
                     rows[r] = []
             if self.step % scan_every == 0:
                 out += self.mon.scan(now, settings)
@@ -78,10 +83,12 @@ def steps_env(rank: int, rows: list[tuple[int, int, int, int]]) -> Envelope:
                           "end_ns": [r[2] for r in rows], "comm_ns": [r[3] for r in rows]})
 
 
-def hb_env(rank: int, step: int, world: int) -> Envelope:
-    return Envelope(kind="heartbeat", job="j", rank=rank, host="h", pid=100 + rank, seq=1, sent_ns=0,
-                    body={"step": step, "since_step_s": 0.0, "dropped": 0, "world_size": world, "local_rank": rank,
-                          "stacks": None})
+def hb_env(rank: int, step: int, world: int, cpu: list[int] | None = None) -> Envelope:
+    body = {"step": step, "since_step_s": 0.0, "dropped": 0, "world_size": world, "local_rank": rank,
+            "stacks": None}
+    if cpu is not None:
+        body["cpu"] = cpu
+    return Envelope(kind="heartbeat", job="j", rank=rank, host="h", pid=100 + rank, seq=1, sent_ns=0, body=body)
 
 
 def opened(alerts: list[Alert]) -> list[Alert]:
@@ -136,6 +143,34 @@ def test_sustained_straggler_opens_exactly_one_incident_within_30_s():
     assert d["horizon_s"] >= S.straggler_min_s and d["horizon_steps"] >= S.straggler_min_slow_steps
     assert slow[-1].lost_rank_seconds > 0
     assert job.mon.rank_states(job.now_s(), S) == {0: "running", 1: "slow", 2: "running", 3: "running"}
+
+
+def test_a_straggler_starved_of_cpu_is_said_to_be_and_one_that_is_not_is_not():
+    job = Job(seed=5)
+    noise = job.noisy(0.15)
+    job.run(3000, lambda r, s: int(noise(r, s) * (1.5 if r == 1 else 1)),
+            runq_share=lambda r: 0.45 if r == 1 else 0.03)
+    slow = [a for a in job.alerts if a.kind == "slow_rank"]
+    assert [a.ranks for a in opened(slow)] == [[1]]
+    cpu = slow[-1].details["cpu_wait"]
+    assert cpu["wait_share"] == {"1": 0.45} and cpu["cpu_share"] == {"1": 0.5}
+    assert cpu["peers_median_wait_share"] == 0.03 and cpu["starved"] == [1]
+    assert "rank 1's training thread waited for a CPU 45% of the last 30 s, its peers' median 3%" in slow[-1].summary
+
+    # As slow, waiting for a CPU as long as its peers: the details say so, the summary blames nothing.
+    job = Job(seed=5)
+    job.run(3000, lambda r, s: int(noise(r, s) * (1.5 if r == 1 else 1)), runq_share=lambda r: 0.2)
+    slow = [a for a in job.alerts if a.kind == "slow_rank"]
+    assert [a.ranks for a in opened(slow)] == [[1]]
+    cpu = slow[-1].details["cpu_wait"]
+    assert cpu["wait_share"] == {"1": 0.2} and cpu["peers_median_wait_share"] == 0.2 and cpu["starved"] == []
+    assert "CPU" not in slow[-1].summary
+
+    # Ranks that do not report their threads (older versions): no CPU details at all.
+    job = Job(seed=5)
+    job.run(3000, lambda r, s: int(noise(r, s) * (1.5 if r == 1 else 1)))
+    slow = [a for a in job.alerts if a.kind == "slow_rank"]
+    assert slow and "cpu_wait" not in slow[-1].details
 
 
 def test_straggler_below_the_cost_gate_is_shown_but_not_alerted():
