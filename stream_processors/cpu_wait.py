@@ -1,9 +1,16 @@
-"""Whether a slow rank is starved of CPU: its training thread's run-queue wait against its peers'.
+"""Whether a slow rank is starved of CPU: how readily its training thread gets a CPU against its peers'.
 
-Each shard summary carries its live ranks' run-queue wait shares over their last 30 s (a histogram,
-and the ranks that waited longest: rankscope/protocol/shard.py ``cpu_wait``). A slow rank whose
-training thread waited for a CPU far longer than its peers' is held back by its host (data-loader
-workers, another process on its cores, more ranks than cores), not by its own work or its device.
+Each shard summary carries its live ranks' wait shares over their last 30 s (a histogram, and the
+ranks that waited most: rankscope/protocol/shard.py ``cpu_wait``). A rank's wait share is the part
+of the time its training thread was ready to run (on a CPU, or runnable and waiting for one: the
+kernel's run-queue wait) that it spent waiting. A share of ready time, not of wall time: a compute
+straggler is ready to run far longer than its peers (they sit blocked in the collective, waiting for
+it), so on a busy host it waits longer in seconds, but gets a CPU as readily as they do.
+
+A slow rank is *starved* when it waited at least half of its ready time and got a CPU at most half
+as readily as its peers' median: ``1 - w <= (1 - w_peers) / 2``. It is held back by its host
+(data-loader workers, another process on its cores, more ranks than cores), not by its own work or
+its device.
 """
 
 from __future__ import annotations
@@ -15,12 +22,11 @@ from typing import Any
 from rankscope.protocol.shard import CPU_WAIT_BIN, MAX_SHARE
 from rankscope.stream_processors.rank_state import CPU_WAIT_WINDOW_S
 
-STARVED_MIN_SHARE = 0.10     # a rank is starved when it waited at least this share of its time ...
-STARVED_OVER_PEERS = 2.0     # ... at least this many times its peers' median ...
-STARVED_MARGIN = 0.05        # ... and this much more
-EVIDENCE = (f"share of the last {CPU_WAIT_WINDOW_S:.0f} s each rank's training thread was runnable but waiting "
-            "for a CPU (the kernel's run-queue wait, /proc/<pid>/task/<tid>/schedstat); "
-            "its CPU time as a share of the same time")
+STARVED_MIN_SHARE = 0.5       # a starved rank waited at least this share of its ready time ...
+STARVED_READINESS = 0.5       # ... and got a CPU at most this fraction as readily as its peers' median
+EVIDENCE = (f"over the last {CPU_WAIT_WINDOW_S:.0f} s, the share of the time each rank's training thread was "
+            "ready to run that it waited for a CPU (the kernel's run-queue wait against its CPU time, "
+            "/proc/<pid>/task/<tid>/schedstat); cpu_share: its CPU time as a share of the whole time")
 
 Part = tuple[dict[int, int], list[tuple[int, int, int]]]
 
@@ -82,5 +88,6 @@ def evidence(parts: Iterable[Part], slow: list[int]) -> dict[str, Any] | None:
 
 
 def starved(wait: float, peers: float) -> bool:
-    """A wait share far above the peers' median."""
-    return wait >= STARVED_MIN_SHARE and wait >= STARVED_OVER_PEERS * peers + STARVED_MARGIN
+    """A rank that waited at least half of its ready time and got a CPU at most half as readily as
+    its peers' median (``wait`` and ``peers`` are wait shares of ready time)."""
+    return wait >= STARVED_MIN_SHARE and 1.0 - wait <= STARVED_READINESS * (1.0 - peers)

@@ -18,10 +18,11 @@ from typing import Any
 from rankscope.protocol.envelope import Envelope, split_beat
 
 EXTRAPOLATION_CAP_S = 3.0   # a lagging processor extrapolates progress age by at most this much
-CPU_WAIT_WINDOW_S = 30.0    # a rank's run-queue wait share is judged over its last this many seconds
+CPU_WAIT_WINDOW_S = 30.0    # a rank's CPU wait share is judged over its last this many seconds
 CPU_WAIT_MIN_SPAN_S = 5.0   # ... once its beats span at least this many
 CPU_MARK_EVERY_S = 5.0      # one kept sample per this many seconds (memory: 10,000 ranks x 8 samples)
 CPU_MARKS = 8
+READY_MIN_SHARE = 0.02     # a thread ready less than this share of the window waited for no CPU
 CRASH_REASONS = ("exception", "signal")
 
 
@@ -52,8 +53,10 @@ class RankState:
     # CPU_MARK_EVERY_S apart, and the newest.
     cpu_marks: list[tuple[int, int, int]] = field(default_factory=list)
     cpu_last: tuple[int, int, int] | None = None
-    # Over its last CPU_WAIT_WINDOW_S, once its beats span CPU_WAIT_MIN_SPAN_S: the share of the time
-    # the training thread waited for a CPU and ran on one, per mille.
+    # Over its last CPU_WAIT_WINDOW_S, once its beats span CPU_WAIT_MIN_SPAN_S, per mille: the share of
+    # the time the training thread was ready to run (on a CPU or waiting for one) that it waited, and
+    # the share of the time it ran. A wait share of ready time, not of wall time: a rank with more
+    # work is ready longer, and would wait longer on a busy host without being starved.
     cpu_wait_pm: tuple[int, int] | None = None
     _medians: tuple[int, int, int, int] = (-1, 0, 0, 0)   # (version, step, busy, comm)
 
@@ -88,9 +91,12 @@ class RankState:
         if first is None or t_ns - first[0] < CPU_WAIT_MIN_SPAN_S * 1e9:
             self.cpu_wait_pm = None
         else:
-            span = t_ns - first[0]
-            self.cpu_wait_pm = (min(1000, max(0, round(1000 * (runq_ns - first[2]) / span))),
-                                min(1000, max(0, round(1000 * (cpu_ns - first[1]) / span))))
+            span, ran, waited = t_ns - first[0], max(0, cpu_ns - first[1]), max(0, runq_ns - first[2])
+            ready = ran + waited
+            # A thread ready to run less than READY_MIN_SHARE of the time (blocked in a collective,
+            # asleep, hung) was not held back by the CPUs, whatever its few waits were.
+            wait = 0 if ready < READY_MIN_SHARE * span else min(1000, round(1000 * waited / ready))
+            self.cpu_wait_pm = (wait, min(1000, round(1000 * ran / span)))
 
     def forget_cpu(self) -> None:
         self.cpu_marks, self.cpu_last, self.cpu_wait_pm = [], None, None

@@ -153,7 +153,7 @@ class ShardJob:
 
     @staticmethod
     def _cpu_wait(live: list[RankState]) -> dict[str, Any] | None:
-        """The live ranks' run-queue wait shares: a histogram and the ranks that waited longest."""
+        """The live ranks' wait shares (of their ready time): a histogram and the ranks that waited most."""
         shares = [(st.rank, *st.cpu_wait_pm) for st in live if st.cpu_wait_pm is not None]
         if not shares:
             return None

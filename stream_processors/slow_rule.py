@@ -200,9 +200,9 @@ class SlowRule:
                    f"({details['horizon_s']:.0f} s), costing {cost:.1%} of the job's time")
         if cpu is not None and cpu.get("starved"):    # why it is slow, before where its time goes
             r = cpu["starved"][0]
-            summary += (f"; rank {r}'s training thread waited for a CPU {cpu['wait_share'][str(r)]:.0%} of the last "
-                        f"{cpu['window_s']:.0f} s, its peers' median {cpu['peers_median_wait_share']:.0%}: "
-                        f"the cores it runs on are oversubscribed")
+            summary += (f"; rank {r}'s training thread waited for a CPU {cpu['wait_share'][str(r)]:.0%} of the time it "
+                        f"was ready to run over the last {cpu['window_s']:.0f} s, its peers' median "
+                        f"{cpu['peers_median_wait_share']:.0%}: the cores it runs on are oversubscribed")
         if named_paths:
             top = named_paths[0]
             summary += (f"; {'their' if len(slow) > 1 else 'its'} profile: {top['share']:.0%} of its time in {top['function']}, "

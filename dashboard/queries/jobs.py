@@ -93,7 +93,7 @@ def rank_rows(store: Store, job: str, recent_steps: int = 50, now_ns: int | None
 
     Medians are over each rank's last ``recent_steps`` steps. ``heartbeat_age_s`` is the time since
     the newest of the rank's last heartbeat and its last ``ranks`` update; ``cpu_wait_pct`` the newest
-    share of its last 30 s its training thread waited for a CPU (NaN unknown); ``stats_state`` is the
+    share of the time its training thread was ready to run in its last 30 s that it waited for a CPU (NaN unknown); ``stats_state`` is the
     newest ``worker_stats.state`` ('' when the processors wrote none).
     """
     check_positive("recent_steps", recent_steps)

@@ -85,7 +85,7 @@ def ranks_table(ranks: pd.DataFrame) -> None:
               "busy ms (median)": st.column_config.NumberColumn(format="%.1f"),
               "busy z": st.column_config.NumberColumn(format="%+.1f"),
               "CPU wait %": st.column_config.NumberColumn(
-                  format="%.0f", help="share of the last 30 s the rank's training thread waited for a CPU"),
+                  format="%.0f", help="of the time in the last 30 s the rank's training thread was ready to run, the share it waited for a CPU"),
               "heartbeat s ago": st.column_config.NumberColumn(format="%.0f")}
     if len(ranks) > STYLED_MAX_RANKS:
         st.dataframe(grid, hide_index=True, height=420, column_config=config)

@@ -19,8 +19,9 @@ them, :func:`check_profiles` the profile digests, :func:`arrival_rows`, :func:`c
 :func:`cpu_wait` the job-wide rules' rows in ``agg``. Each raises WireError("bad_body").
 
 ``cpu_wait`` describes the live ranks' training threads over their last 30 s: ``hist`` counts ranks
-by run-queue wait share (bin = share per mille // CPU_WAIT_BIN), ``top`` lists the ranks that waited
-longest, with their wait and CPU shares per mille.
+by wait share (of its ready time, the share it waited for a CPU; bin = share per mille //
+CPU_WAIT_BIN), ``top`` lists the ranks that waited most, with their wait share and their CPU time's
+share of the whole time, per mille.
 """
 
 from __future__ import annotations

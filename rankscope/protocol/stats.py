@@ -7,8 +7,8 @@ Body::
                 "busy_z": number, "state": str,
                 "cpu_wait": number}, ...]}                    # optional
 
-Integers are Int64 unless marked int32. ``cpu_wait`` is the share (0..1) of the rank's last 30 s its
-training thread waited for a CPU, where the rank reports it (rankscope/protocol/steps.py ``cpu``).
+Integers are Int64 unless marked int32. ``cpu_wait`` is, of the time in the rank's last 30 s its
+training thread was ready to run, the share (0..1) it waited for a CPU, where the rank reports it (rankscope/protocol/steps.py ``cpu``).
 """
 
 from __future__ import annotations

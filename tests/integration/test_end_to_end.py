@@ -86,6 +86,11 @@ def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]
         slow = reader.wait_for(lambda a: a.job == job and a.kind == "slow_rank" and a.status in ("open", "update"),
                                240, "slow_rank", diag)
         assert slow.ranks == [1], slow.summary
+        # A 4x compute straggler: on this busy host it waits longer for a CPU, in seconds, than its
+        # peers blocked in the collective, but it gets one as readily as they do; not starved.
+        assert "oversubscribed" not in slow.summary, slow.details
+        assert slow.details.get("cpu_wait", {}).get("starved", []) == [], slow.details
+        print(f"4x straggler's CPU wait: {slow.details.get('cpu_wait')}")
         at = wait_until(lambda: re.search(r"rank 3: hanging at step (\d+)", log.read_text(errors="replace")), 240,
                         "rank 3 to hang")
         hang_step = int(at.group(1)) - 1          # its last completed step

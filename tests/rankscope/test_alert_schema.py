@@ -59,8 +59,8 @@ def slow_rank_alerts() -> list[Alert]:
     _, modelled, _ = run_modelled(ModelledJob(compute_ns={0: 5_000_000, 1: 5_000_000, 2: 20_000_000, 3: 5_000_000}), 6)
     starved = slow_rule.Job(seed=5)     # a straggler starved of CPU (details.cpu_wait)
     out += starved.run(3000, lambda r, s: slow_rule.BUSY_NS * (3 if r == 1 else 2) // 2,
-                       runq_share=lambda r: 0.45 if r == 1 else 0.03)
-    assert any("cpu_wait" in a.details for a in out)
+                       wait_share=lambda r: 0.9 if r == 1 else 0.03)
+    assert any(a.details.get("cpu_wait", {}).get("starved") for a in out)
     return out + modelled       # the last judged from collectives (details.process_group, .collective)
 
 

@@ -43,10 +43,11 @@ class Job:
 
     def run(self, steps: int, busy: Callable[[int, int], int], offset: Callable[[int], int] = lambda r: 0,
             settings: Settings = S, batch: int = 10, scan_every: int = 50,
-            runq_share: Callable[[int], float] | None = None) -> list[Alert]:
+            wait_share: Callable[[int], float] | None = None) -> list[Alert]:
         """Step the job ``steps`` times; ranks send every ``batch`` steps, the rules scan every
-        ``scan_every`` (about once a second). With ``runq_share``, heartbeats carry each rank's
-        training thread counters: it waits for a CPU that share of the time and runs half of it.
+        ``scan_every`` (about once a second). With ``wait_share``, heartbeats carry each rank's
+        training thread counters: it runs half of the time, and waits for a CPU that share of the
+        time it is ready to run.
         Returns the alerts published meanwhile."""
         out: list[Alert] = []
         rows: dict[int, list[tuple[int, int, int, int]]] = {r: [] for r in range(self.n)}
@@ -65,7 +66,8 @@ class Job:
                 for r in range(self.n):
                     self.mon.apply(steps_env(r, rows[r]), now, settings)
                     el = self.t_ns - T0_NS
-                    cpu = [el // 2, int(el * runq_share(r))] if runq_share is not None else None
+                    cpu = ([el // 2, round(el // 2 * wait_share(r) / (1 - wait_share(r)))]
+                           if wait_share is not None else None)
                     self.mon.apply(hb_env(r, s, self.n, cpu), now, settings)
                     rows[r] = []
             if self.step % scan_every == 0:
@@ -149,17 +151,18 @@ def test_a_straggler_starved_of_cpu_is_said_to_be_and_one_that_is_not_is_not():
     job = Job(seed=5)
     noise = job.noisy(0.15)
     job.run(3000, lambda r, s: int(noise(r, s) * (1.5 if r == 1 else 1)),
-            runq_share=lambda r: 0.45 if r == 1 else 0.03)
+            wait_share=lambda r: 0.9 if r == 1 else 0.03)
     slow = [a for a in job.alerts if a.kind == "slow_rank"]
     assert [a.ranks for a in opened(slow)] == [[1]]
     cpu = slow[-1].details["cpu_wait"]
-    assert cpu["wait_share"] == {"1": 0.45} and cpu["cpu_share"] == {"1": 0.5}
+    assert cpu["wait_share"] == {"1": 0.9} and cpu["cpu_share"] == {"1": 0.5}
     assert cpu["peers_median_wait_share"] == 0.03 and cpu["starved"] == [1]
-    assert "rank 1's training thread waited for a CPU 45% of the last 30 s, its peers' median 3%" in slow[-1].summary
+    assert ("rank 1's training thread waited for a CPU 90% of the time it was ready to run over the last 30 s, "
+            "its peers' median 3%") in slow[-1].summary
 
     # As slow, waiting for a CPU as long as its peers: the details say so, the summary blames nothing.
     job = Job(seed=5)
-    job.run(3000, lambda r, s: int(noise(r, s) * (1.5 if r == 1 else 1)), runq_share=lambda r: 0.2)
+    job.run(3000, lambda r, s: int(noise(r, s) * (1.5 if r == 1 else 1)), wait_share=lambda r: 0.2)
     slow = [a for a in job.alerts if a.kind == "slow_rank"]
     assert [a.ranks for a in opened(slow)] == [[1]]
     cpu = slow[-1].details["cpu_wait"]
