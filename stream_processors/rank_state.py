@@ -22,7 +22,10 @@ CPU_WAIT_WINDOW_S = 30.0    # a rank's CPU wait share is judged over its last th
 CPU_WAIT_MIN_SPAN_S = 5.0   # ... once its beats span at least this many
 CPU_MARK_EVERY_S = 5.0      # one kept sample per this many seconds (memory: 10,000 ranks x 8 samples)
 CPU_MARKS = 8
-READY_MIN_SHARE = 0.02     # a thread ready less than this share of the window waited for no CPU
+READY_MIN_PER_SPAN = 50     # a thread ready less than 1/this of the window (2%) waited for no CPU
+CPU_WAIT_WINDOW_NS, CPU_WAIT_MIN_SPAN_NS = int(CPU_WAIT_WINDOW_S * 1e9), int(CPU_WAIT_MIN_SPAN_S * 1e9)
+CPU_MARK_EVERY_NS = int(CPU_MARK_EVERY_S * 1e9)
+CPU_SHARE_EVERY_NS = 5 * 10**9   # a rank's shares are worked out at most once per this much of its beats' time
 CRASH_REASONS = ("exception", "signal")
 
 
@@ -53,11 +56,7 @@ class RankState:
     # CPU_MARK_EVERY_S apart, and the newest.
     cpu_marks: list[tuple[int, int, int]] = field(default_factory=list)
     cpu_last: tuple[int, int, int] | None = None
-    # Over its last CPU_WAIT_WINDOW_S, once its beats span CPU_WAIT_MIN_SPAN_S, per mille: the share of
-    # the time the training thread was ready to run (on a CPU or waiting for one) that it waited, and
-    # the share of the time it ran. A wait share of ready time, not of wall time: a rank with more
-    # work is ready longer, and would wait longer on a busy host without being starved.
-    cpu_wait_pm: tuple[int, int] | None = None
+    _cpu_share: tuple[tuple[int, int, int] | None, tuple[int, int] | None] = (None, None)   # (for cpu_last, share)
     _medians: tuple[int, int, int, int] = (-1, 0, 0, 0)   # (version, step, busy, comm)
 
     def progress_age_s(self, now_s: float) -> float:
@@ -76,30 +75,54 @@ class RankState:
 
     def add_cpu(self, t_ns: int, cpu_ns: int, runq_ns: int) -> None:
         """Take one beat's cumulative counters of the training thread (older or equal times are
-        skipped) and update :attr:`cpu_wait_pm`."""
-        if self.cpu_last is not None:
-            if t_ns <= self.cpu_last[0]:
+        skipped). Cheap per beat: :attr:`cpu_wait_pm` is worked out when asked."""
+        last = self.cpu_last
+        if last is not None:
+            if t_ns <= last[0]:
                 return
-            if cpu_ns < self.cpu_last[1] or runq_ns < self.cpu_last[2]:
+            if cpu_ns < last[1] or runq_ns < last[2]:
                 self.forget_cpu()      # counters went back: a new thread
         sample = (t_ns, cpu_ns, runq_ns)
-        if not self.cpu_marks or t_ns - self.cpu_marks[-1][0] >= CPU_MARK_EVERY_S * 1e9:
-            self.cpu_marks.append(sample)
-            del self.cpu_marks[:-CPU_MARKS]
+        marks = self.cpu_marks
+        if not marks or t_ns - marks[-1][0] >= CPU_MARK_EVERY_NS:
+            marks.append(sample)
+            if len(marks) > CPU_MARKS:
+                del marks[0]
         self.cpu_last = sample
-        first = next((m for m in self.cpu_marks if t_ns - m[0] <= CPU_WAIT_WINDOW_S * 1e9), None)
-        if first is None or t_ns - first[0] < CPU_WAIT_MIN_SPAN_S * 1e9:
-            self.cpu_wait_pm = None
-        else:
-            span, ran, waited = t_ns - first[0], max(0, cpu_ns - first[1]), max(0, runq_ns - first[2])
-            ready = ran + waited
-            # A thread ready to run less than READY_MIN_SHARE of the time (blocked in a collective,
-            # asleep, hung) was not held back by the CPUs, whatever its few waits were.
-            wait = 0 if ready < READY_MIN_SHARE * span else min(1000, round(1000 * waited / ready))
-            self.cpu_wait_pm = (wait, min(1000, round(1000 * ran / span)))
+
+    @property
+    def cpu_wait_pm(self) -> tuple[int, int] | None:
+        """Over its last CPU_WAIT_WINDOW_S, once its beats span CPU_WAIT_MIN_SPAN_S, per mille: the
+        share of the time the training thread was ready to run (on a CPU or waiting for one) that it
+        waited, and the share of the time it ran; None before. Worked out at most once per 5 s of the
+        rank's beats (a share over 30 s moves little in 5). A wait share of ready time, not of
+        wall time: a rank with more work is ready longer, and would wait longer on a busy host
+        without being starved."""
+        last = self.cpu_last
+        if last is None:
+            return None
+        done_for = self._cpu_share[0]    # worked out again once the newest beat is 5 s newer
+        if done_for is not None and last[0] - done_for[0] < CPU_SHARE_EVERY_NS:
+            return self._cpu_share[1]
+        t_ns, cpu_ns, runq_ns = last
+        oldest = t_ns - CPU_WAIT_WINDOW_NS
+        share: tuple[int, int] | None = None
+        for first_t, first_cpu, first_runq in self.cpu_marks:   # the first mark inside the window
+            if first_t >= oldest:
+                span = t_ns - first_t
+                if span >= CPU_WAIT_MIN_SPAN_NS:
+                    ran, waited = max(0, cpu_ns - first_cpu), max(0, runq_ns - first_runq)
+                    ready = ran + waited
+                    # A thread ready to run less than 1/READY_MIN_PER_SPAN of the time (blocked in a
+                    # collective, asleep, hung) was not held back by the CPUs, whatever its few waits.
+                    wait = 0 if ready * READY_MIN_PER_SPAN < span else min(1000, (2000 * waited + ready) // (2 * ready))
+                    share = (wait, min(1000, (2000 * ran + span) // (2 * span)))
+                break
+        self._cpu_share = (last, share) if share is not None else (None, None)   # None: asked again
+        return share
 
     def forget_cpu(self) -> None:
-        self.cpu_marks, self.cpu_last, self.cpu_wait_pm = [], None, None
+        self.cpu_marks, self.cpu_last, self._cpu_share = [], None, (None, None)
 
     @property
     def crashed(self) -> bool:
