@@ -154,7 +154,7 @@ class ShardJob:
     @staticmethod
     def _cpu_wait(live: list[RankState]) -> dict[str, Any] | None:
         """The live ranks' wait shares (of their ready time): a histogram and the ranks that waited most."""
-        shares = [(st.rank, *st.cpu_wait_pm) for st in live if st.cpu_wait_pm is not None]
+        shares = [(st.rank, *pm) for st in live if (pm := st.cpu_wait_pm) is not None]
         if not shares:
             return None
         hist: dict[int, int] = {}
@@ -249,8 +249,8 @@ class ShardJob:
                    "median_busy_ns": busy_med, "median_comm_ns": comm_med, "busy_z": round(z_of.get(r, 0.0), 3),
                    "step_end_ns": st.last_step_end_ns,
                    "state": state}
-            if st.cpu_wait_pm is not None:
-                row["cpu_wait"] = st.cpu_wait_pm[0] / 1000
+            if (pm := st.cpu_wait_pm) is not None:
+                row["cpu_wait"] = pm[0] / 1000
             rows.append(row)
         return [rows[i:i + STATS_ROWS_PER_MESSAGE] for i in range(0, len(rows), STATS_ROWS_PER_MESSAGE)]
 
