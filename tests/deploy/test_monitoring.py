@@ -320,9 +320,10 @@ def test_every_panel_query_returns_rows_from_a_real_job(kafka_settings: Settings
     with processors_and_sink(kafka_settings, tmp_path, {}) as (settings, store):
         send_gpu_samples(settings, job)
         # As tests/integration/test_end_to_end.py plants them: rank 1 runs 4x the compute (a
-        # slow_rank alert with lost rank-seconds) and rank 3 hangs 40 s in (an open hang incident).
+        # slow_rank alert with lost rank-seconds) and rank 3 hangs 60 s in (an open hang incident):
+        # late enough for the slow_rank alert, named 15-40 s in on these cores, to count steps lost.
         proc = start_job(settings, job, log, "--steps", "100000", "--slow-rank", "1", "--slow-factor", "4",
-                         "--hang-rank", "3", "--hang-after-s", "40")
+                         "--hang-rank", "3", "--hang-after-s", "60")
         try:
             def latest() -> dict[str, tuple[str, float]]:
                 rows = store.query_rows(
@@ -334,10 +335,12 @@ def test_every_panel_query_returns_rows_from_a_real_job(kafka_settings: Settings
                 got = latest()
                 hang_open = got.get("hang", ("resolved", 0))[0] != "resolved"
                 gpu = store.query_rows("SELECT count() FROM rankscope.hw_samples WHERE device >= 0")[0][0]
-                return got if hang_open and "slow_rank" in got and gpu else None
+                slow_lost = got.get("slow_rank", ("", 0.0))[1] > 0
+                return got if hang_open and slow_lost and gpu else None
 
             try:
-                wait_until(ready, 360, "an open hang, a slow_rank alert and the GPU samples in the store")
+                wait_until(ready, 360, "an open hang, a slow_rank alert with lost rank-seconds and the GPU samples "
+                           "in the store")
             except AssertionError as e:
                 raise AssertionError(f"{e}\njob log:\n{tail(log)}\nprocessors log:\n"
                                      f"{tail(tmp_path / 'processors.log')}") from None
