@@ -30,8 +30,8 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
     env = child_env(settings)
     job = f"demo-{uuid.uuid4().hex[:6]}"
     # The hang comes late enough for the checks of the slow rank to see it step: 100 s in (the demo
-    # job made 8-65 steps/s on the same 2 cores). The window is requested as soon as the job shows, so
-    # that it runs before the hang (a window requested of a hung job never ends).
+    # job made 8-65 steps/s on the same 2 cores). The window is requested right after the profile check,
+    # so that it runs before the hang (a window requested of a hung job never ends).
     cmd = [sys.executable, "-m", "rankscope", "demo", "--job", job, "--hang-at-step", "-1", "--hang-after-s", "100"]
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -46,8 +46,8 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
                 link.first.wait_for(state="visible", timeout=180_000)
                 seen = time.monotonic()       # the job's first messages are stored
                 screenshot(page, "demo_fleet")
-                request_id = request_window(page, base, job)
                 differential_shows_the_slow_ranks_function(page, base, job, seen)
+                request_id = request_window(page, base, job)
                 page.goto(f"{base}/")
                 link.first.wait_for(state="visible", timeout=60_000)
                 link.first.click()
@@ -108,8 +108,9 @@ def the_alert_says_where_its_time_goes(page) -> None:
 def request_window(page, base: str, job: str) -> str:
     """Trace windows page: request a 3-step window on every rank; returns the request's id.
 
-    Requested as soon as the job shows: the window must run while every rank still steps, before
-    the planted hang, whatever the time the checks before the report take on a slow machine."""
+    Requested once the profile has shown the slow rank's function (a window's own work on the
+    training thread would enter the first profile intervals), before the slower checks: the window
+    must run while every rank still steps, before the planted hang, on a slow machine too."""
     page.goto(f"{base}/traces?job={job}")
     wait_for_text(page, "Request a trace window", 60)
     page.get_by_role("button", name=re.compile("Request window")).first.click()
