@@ -42,6 +42,7 @@ class _Active:
     profiler: Any
     steps_done: int = 0
     stop_requested: bool = False
+    thread_cpu: tuple[int, int] | None = None     # the training thread's (cpu_ns, runq_ns) at the start
 
 
 def default_profiler(request: TraceCommand) -> Any:
@@ -62,7 +63,9 @@ class WindowController:
                  byte_budget: int, wall_ns: Callable[[], int],
                  profiler_factory: Callable[[TraceCommand], Any] = default_profiler,
                  on_window: Callable[[bool], None] | None = None,
-                 read_window: Callable[[Any], Any] | None = None) -> None:
+                 read_window: Callable[[Any], Any] | None = None,
+                 thread_cpu: Callable[[], tuple[int, int] | None] | None = None) -> None:
+        self._thread_cpu = thread_cpu or (lambda: None)   # the training thread's (cpu_ns, runq_ns) now
         self._send_trace, self._send_summary, self._ack = send_trace, send_summary, ack
         self._byte_budget = byte_budget
         self._wall_ns = wall_ns
@@ -185,7 +188,7 @@ class WindowController:
         prof = self._profiler_factory(req)
         prof.start()
         with self._lock:
-            self._active = _Active(req, window_id, first_step, now, prof)
+            self._active = _Active(req, window_id, first_step, now, prof, thread_cpu=self._thread_cpu())
             if req is self._schedule:
                 self._next_due_ns = now + int(req.every_s * 1e9)  # type: ignore[union-attr]
                 self._next_due_step = first_step + req.every_steps  # type: ignore[union-attr]
@@ -193,6 +196,7 @@ class WindowController:
         self._on_window(True)
 
     def _finish(self, act: _Active, last_step: int) -> None:
+        act.thread_cpu = window_thread_cpu(act.thread_cpu, self._thread_cpu())
         act.profiler.stop()
         end_ns = self._wall_ns()
         with self._lock:
@@ -259,6 +263,8 @@ class WindowController:
             self._send_trace("trace", body)
         body = out.summary
         body.update(request_id=act.request.request_id, request_ranks=act.request.ranks, own_events_dropped=own_events)
+        if act.thread_cpu is not None:
+            body["thread_cpu"] = list(act.thread_cpu)
         self._send_summary("summary", body)
         cpu.append(time.thread_time())
         self.last_ship_s = (time.perf_counter() - wall0, cpu[-1] - cpu[0])
@@ -282,6 +288,15 @@ class WindowController:
         deadline = time.monotonic() + timeout_s
         while self._work.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.002)
+
+
+def window_thread_cpu(start: tuple[int, int] | None, end: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The training thread's ``(cpu_ns, runq_ns)`` over a window from its counters at the window's start
+    and end; None when either is unknown or the counters went back (another thread was read)."""
+    if start is None or end is None:
+        return None
+    cpu, runq = end[0] - start[0], end[1] - start[1]
+    return (cpu, runq) if cpu >= 0 and runq >= 0 else None
 
 
 def own_thread_ids() -> set[int]:

@@ -98,12 +98,14 @@ class Tracer:
         self._control_topic = Topic.CONTROL.name_for(self.settings)
         self._replies_topic = Topic.REPLIES.name_for(self.settings)
         rank_key = f"{self.identity.job}/{self.identity.rank}".encode()
+        self.train_cpu = ThreadCpu()      # the training thread's CPU time and run-queue wait, in beats and windows
         self.windows = WindowController(
             send_trace=lambda kind, body: self._send_to(Topic.TRACES.name_for(self.settings), rank_key, kind, body),
             send_summary=lambda kind, body: self._send_to(Topic.SUMMARIES.name_for(self.settings), self._key, kind, body),
             ack=self._ack, byte_budget=self.settings.trace_byte_budget, wall_ns=self.clock.wall_ns,
             on_window=self._on_window,
-            read_window=WindowReader(self.settings.cache_dir, self.settings.native_reader))
+            read_window=WindowReader(self.settings.cache_dir, self.settings.native_reader),
+            thread_cpu=self.train_cpu.read)
         self._flight: collections.deque[tuple[int, int, int, int]] = collections.deque(maxlen=self.settings.flight_steps)
         self.control: ControlListener | None = None
         if self.settings.control_enabled and transport is None:
@@ -138,7 +140,6 @@ class Tracer:
                 log.warning("rankscope: hardware sampling off: %s: %s", type(e).__name__, e)
         # Stack sampling (producers/stack_sampler.py, with profile_hz > 0): its own thread, PROFILES topic.
         self._train_ident: int | None = None
-        self.train_cpu = ThreadCpu()      # the training thread's CPU time and run-queue wait, in beats
         self.stack_sampler: StackSampler | None = None
         self._profiles_topic = Topic.PROFILES.name_for(self.settings)
         if self.settings.profile_hz > 0:

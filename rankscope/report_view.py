@@ -71,6 +71,14 @@ def verdict(report: dict[str, Any]) -> Verdict:
         base = float(s["median_busy_ms"]) or 1.0
         lines.append(f"Rank {s['rank']} is slow: busy {s['busy_ms']:,.1f} ms in the window vs {s['median_busy_ms']:,.1f} ms "
                      f"on the other ranks (+{100 * (float(s['busy_ms']) / base - 1):.0f}%, z {s['z']}).")
+        if s.get("held_back_by_host"):
+            lines.append(f"Rank {s['rank']} is held back by its host: its training thread waited for a CPU "
+                         f"{100 * float(s['cpu_wait_share']):.0f}% of the time it was ready to run (the other ranks' "
+                         f"median {100 * float(s['peers_cpu_wait_share']):.0f}%): look for other work on its cores.")
+    for s in d.get("slow_only_by_cpu_wait") or []:
+        lines.append(f"Rank {s['rank']} was busy {s['busy_ms']:,.1f} ms vs {s['median_busy_ms']:,.1f} ms, but its training "
+                     f"thread waited {s['extra_cpu_wait_ms']:,.1f} ms longer for a CPU than the other ranks' share of ready "
+                     "time gives: its cores were shared, its work is not slower.")
     causes = (d.get("causes") or [])[:TOP_CAUSES]
     for i, c in enumerate(causes, 1):
         lines.append(f"Cause {i}: {c['category']} `{short(c['leaf'])}` on rank {c['rank']}: +{c['excess_ms']:,.1f} ms, "
@@ -124,9 +132,13 @@ def sections(report: dict[str, Any]) -> list[Section]:
     d = diagnosis_of(report) or {}
     out = [Section("slow_workers", "Slow workers",
                    "Busy time = kernels, memory ops, runtime calls and CPU ops not overlapped by other work, each "
-                   "function's calls at their median cost; slow = robust z against the other ranks above the threshold.",
+                   "function's calls at their median cost; slow = robust z against the other ranks above the threshold, "
+                   "also without the rank's wait for a CPU beyond the others' (or its host starves it of CPU).",
                    rows=[{"rank": s["rank"], "busy (ms)": s["busy_ms"], "others' median (ms)": s["median_busy_ms"],
-                          "z": s["z"]} for s in d.get("slow_workers") or []]),
+                          "z": s["z"], **({"extra wait for a CPU (ms)": s["extra_cpu_wait_ms"],
+                                           "held back by its host": s["held_back_by_host"]}
+                                          if "held_back_by_host" in s else {})}
+                         for s in d.get("slow_workers") or []]),
            Section("causes", "Causes, by cost",
                    "A slow rank's functions by their excess time over the other ranks' median; cost = excess x world "
                    "size, since every rank waits for it.",

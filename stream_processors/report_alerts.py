@@ -21,6 +21,9 @@ def _summary(report: dict[str, Any]) -> str:
     if slow:
         s = slow[0]
         parts.append(f"busy {s['busy_ms']:.1f} ms vs median {s['median_busy_ms']:.1f} ms")
+        if s.get("held_back_by_host"):
+            parts.append(f"held back by its host (waited for a CPU {100 * s['cpu_wait_share']:.0f}% of its ready time, "
+                         f"peers {100 * s['peers_cpu_wait_share']:.0f}%)")
     causes = report.get("causes") or []
     if causes:
         c = causes[0]

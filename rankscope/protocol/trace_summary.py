@@ -4,7 +4,11 @@ Body::
 
     {"window_id": str, "functions": {column: [...], ...}, "first_step": int, "last_step": int,
      "start_ns": int, "end_ns": int, "events_total": int, "events_sent": int, "truncated": bool,
-     "status": str}
+     "status": str, "thread_cpu": [int, int]}
+
+``thread_cpu`` (optional: ranks without ``/proc/<pid>/task/<tid>/schedstat`` and older ranks leave it
+out) is the training thread's time on a CPU and its run-queue wait (runnable, waiting for a CPU)
+over the window, in ns: the report tells a worker slowed by its host from one slowed by its work.
 
 ``functions`` holds ``category`` and ``name`` (Python call paths as the interned table of
 rankscope/call_paths.py) and the integer columns :data:`SUMMARY_INT_COLUMNS`. The ranks build the
@@ -28,6 +32,17 @@ def check_summary(body: dict[str, Any]) -> None:
     """Check a ``summary`` body's fields (decode); :func:`decode_summary` checks the rest."""
     field("summary", body, "window_id", str)
     field("summary", body, "functions", dict)
+    thread_cpu(body)
+
+
+def thread_cpu(body: dict[str, Any]) -> tuple[int, int] | None:
+    """A summary body's ``thread_cpu`` as ``(cpu_ns, runq_ns)``, None when absent; raises WireError
+    when it is not two non-negative integers."""
+    tc = body.get("thread_cpu")
+    if tc is None:
+        return None
+    cpu, runq = int_list(tc, "summary.thread_cpu", 2, (0, 2**63 - 1))
+    return cpu, runq
 
 
 def summary_body(col: dict[str, Any], functions: dict[str, Any], *, events_sent: int, truncated: bool,

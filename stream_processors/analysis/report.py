@@ -14,7 +14,8 @@ Definitions (README "Diagnosis metrics"):
 - busy time of a worker = exclusive time of kernels, memory ops, runtime calls and CPU ops (not
   collectives, annotations or Python self time, which is mostly waiting), each function's calls
   taken at their median cost (one call stretched by preemption is not slowness); slow
-  workers have abnormal busy time; the cost of a slow worker's function = its excess over the
+  workers have abnormal busy time, less any wait for a CPU beyond the other ranks' (where the ranks
+  sent their training thread's run-queue wait: see ``slow_workers``); the cost of a slow worker's function = its excess over the
   median of the other workers x world size (every rank waits for it), in rank-seconds.
 Everything here is pure: DataFrames in, a JSON-able dict out.
 """
@@ -28,11 +29,13 @@ import pandas as pd
 
 from rankscope.own_frames import has_own_frame
 from rankscope.stream_processors.analysis.outliers import flag_slow, peer_z
+from rankscope.stream_processors.cpu_wait import starved
 
 GPU_CATS = ("kernel",)
 MEM_CATS = ("memcpy", "memset")
 COMPUTE_CATS = ("kernel", "cpu_op", "python", "memcpy", "memset", "runtime")
 BUSY_CATS = ("kernel", "cpu_op", "memcpy", "memset", "runtime")   # python self time is mostly waiting
+HOST_BUSY_CATS = ("cpu_op", "runtime")   # the busy time of the training thread (the rest is the device's)
 THREAD_ROOT = "_bootstrap"  # threading.py(...): _bootstrap: the root frame of every non-main Python thread
 FLOOR = 0.01
 
@@ -158,18 +161,16 @@ def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, 
     else:
         report["not_applicable"].append("python_functions: no Python stacks in this window")
     # Slow workers and causes --------------------------------------------------------------------
-    busy = _per_rank(typical_exclusive(df), BUSY_CATS, "typical_exclusive_ns", ranks)
-    slow = []
-    if len(ranks) >= 3:
-        values = {r: float(busy[r]) for r in ranks}
-        flags = flag_slow(values, z_threshold, min_rel_excess)
-        base = peer_z(values)
-        for r in ranks:
-            z, flagged = flags[r]
-            if flagged and busy[r] - base[r].baseline > FLOOR * window[r]:
-                slow.append({"rank": r, "busy_ms": round(busy[r] / 1e6, 3),
-                             "median_busy_ms": round(base[r].baseline / 1e6, 3), "z": round(float(z), 2)})
-    report["slow_workers"] = slow
+    typical = typical_exclusive(df)
+    busy = _per_rank(typical, BUSY_CATS, "typical_exclusive_ns", ranks)
+    waits = host_waits(df, ranks)
+    host_busy = _per_rank(typical, HOST_BUSY_CATS, "typical_exclusive_ns", ranks)
+    if waits is not None:
+        report["host_cpu_wait_ms"] = {str(r): round(float(v) / 1e6, 3) for r, v in waits[0].items()}
+        report["host_cpu_wait_share"] = {str(r): round(float(w), 3) for r, w in waits[1].items()}
+    report["slow_workers"], report["slow_only_by_cpu_wait"] = slow_workers(
+        busy, host_busy, waits, window, z_threshold, min_rel_excess)
+    slow = report["slow_workers"]
     report["busy_ms"] = {str(r): round(float(v) / 1e6, 3) for r, v in busy.items()}
     report["causes"] = rank_causes(df, [s["rank"] for s in slow], ranks, world)
     if arrivals is not None and not arrivals.empty:
@@ -177,6 +178,71 @@ def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, 
     report["abnormal_workers"] = sorted({s["rank"] for s in slow})
     report["bottleneck_ratio_by_category"] = bottleneck_by_category(df, window)
     return report
+
+
+def host_waits(df: pd.DataFrame, ranks: list[int]) -> tuple[pd.Series, pd.Series] | None:
+    """Per rank, how long its training thread waited for a CPU over the window (the run-queue wait
+    of the summaries' ``thread_cpu``, ns) and that wait as a share of the time the thread was ready
+    to run (``runq / (runq + cpu)``). None unless every rank sent it (older ranks, no schedstat)."""
+    if "thread_runq_ns" not in df or "thread_cpu_ns" not in df:
+        return None
+    per = df.groupby("rank")[["thread_cpu_ns", "thread_runq_ns"]].max().reindex(ranks)
+    if per.isna().any().any():
+        return None
+    runq = per["thread_runq_ns"].astype(float)
+    ready = runq + per["thread_cpu_ns"].astype(float)
+    return runq, (runq / ready.where(ready > 0)).fillna(0.0)
+
+
+def slow_workers(busy: pd.Series, host_busy: pd.Series, waits: tuple[pd.Series, pd.Series] | None,
+                 window: pd.Series, z_threshold: float, min_rel_excess: float
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(slow, only_by_wait)``: the slow workers of a window, and the workers slow in wall time only
+    by waiting for a CPU.
+
+    A worker is slow when its busy time is abnormal (``flag_slow``), at least ``min_rel_excess``
+    above the other workers' median and 1% of the window above it. Where every rank sent its
+    training thread's run-queue wait (``waits``: ns, and shares of ready time), its wait beyond what
+    its peers' share would give over its ready time (``runq - peers' share x ready``, at most its
+    host busy time) is taken off its busy time first: ranks that share cores with other work take
+    turns, and over a short window whichever got a CPU less readily looks slower though its work is
+    not. A compute straggler is ready to run longer and so waits longer, but at its peers' share:
+    nothing is taken off. A worker slow in wall time and not without that wait is slow
+    only when its thread got a CPU at most half as readily as its peers'
+    (``stream_processors/cpu_wait.py``: ``held_back_by_host`` true, its host holds the job back);
+    otherwise it is listed in ``only_by_wait``.
+    """
+    ranks = [int(r) for r in busy.index]
+    if len(ranks) < 3:
+        return [], []
+    wall = {r: float(busy[r]) for r in ranks}
+    flags, base = flag_slow(wall, z_threshold, min_rel_excess), peer_z(wall)
+    slow: list[dict[str, Any]] = []
+    only_by_wait: list[dict[str, Any]] = []
+    for r in ranks:
+        z, flagged = flags[r]
+        b = base[r].baseline
+        if not (flagged and wall[r] - b > FLOOR * window[r]):
+            continue
+        row: dict[str, Any] = {"rank": r, "busy_ms": round(wall[r] / 1e6, 3), "median_busy_ms": round(b / 1e6, 3),
+                               "z": round(float(z), 2)}
+        if waits is None:
+            slow.append(row)
+            continue
+        runq, share = waits
+        peers = float(share.drop(r).median())
+        ready = float(runq[r]) / float(share[r]) if share[r] > 0 else 0.0
+        extra = min(max(0.0, float(runq[r]) - peers * ready), float(host_busy[r]))
+        rest = wall[r] - extra
+        row.update(extra_cpu_wait_ms=round(extra / 1e6, 3), cpu_wait_share=round(float(share[r]), 3),
+                   peers_cpu_wait_share=round(peers, 3))
+        if rest > b * (1 + min_rel_excess) and rest - b > FLOOR * window[r]:
+            slow.append({**row, "held_back_by_host": False})
+        elif starved(float(share[r]), peers):
+            slow.append({**row, "held_back_by_host": True})
+        else:
+            only_by_wait.append(row)
+    return slow, only_by_wait
 
 
 def without_own_frames(summaries: pd.DataFrame) -> pd.DataFrame:

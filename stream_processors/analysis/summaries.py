@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from rankscope.call_paths import expand_call_paths
+from rankscope.protocol.trace_summary import thread_cpu
 
 __all__ = ["summary_frames"]
 
@@ -20,7 +21,8 @@ def summary_frames(rank: int, body: dict[str, Any]) -> tuple[pd.DataFrame, pd.Da
     """``(functions, arrivals)`` of one rank's summary body.
 
     ``functions``: one row per function (the summary's columns, Python call paths expanded to
-    ``root;...;leaf`` names) with ``rank`` and ``window_ns``; ``arrivals``: ``name, seq, start_ns,
+    ``root;...;leaf`` names) with ``rank`` and ``window_ns``, and ``thread_cpu_ns`` and ``thread_runq_ns``
+    when the body has the training thread's ``thread_cpu``; ``arrivals``: ``name, seq, start_ns,
     rank`` of the rank's collective calls, None without any. Raises ValueError on a malformed table.
     """
     functions = expand_call_paths(body["functions"])
@@ -28,6 +30,9 @@ def summary_frames(rank: int, body: dict[str, Any]) -> tuple[pd.DataFrame, pd.Da
     window_ns = body["functions"].get("window_ns") or (int(body.get("end_ns", 0)) - int(body.get("start_ns", 0)))
     fn["rank"] = rank
     fn["window_ns"] = int(window_ns)
+    tc = thread_cpu(body)               # WireError, a ValueError, when malformed
+    if tc is not None:
+        fn["thread_cpu_ns"], fn["thread_runq_ns"] = tc
     arr = body.get("arrivals")
     arrivals = None
     if isinstance(arr, dict) and arr.get("name"):

@@ -49,7 +49,7 @@ def traced_report(settings: Settings, work: Path, job: str, *job_args: str) -> d
     try:
         wait_until(lambda: known_ranks(settings, job).get(job) == [0, 1, 2, 3], 180, f"stats for {job}")
         out_dir = work / f"{job}-report"
-        out = subprocess.run([sys.executable, "-m", "rankscope", "trace", "--job", job, "--steps", "10", "--auto-analyze",
+        out = subprocess.run([sys.executable, "-m", "rankscope", "trace", "--job", job, "--steps", "20", "--auto-analyze",
                               "--output-dir", str(out_dir), "--timeout", "180"], env=child_env(settings),
                              capture_output=True, text=True, timeout=400)
         assert out.returncode == 0, out.stdout + out.stderr + tail(log)
@@ -62,12 +62,19 @@ def traced_report(settings: Settings, work: Path, job: str, *job_args: str) -> d
         stop_process(proc)
 
 
+def host_view(rep: dict) -> tuple:
+    return (rep["busy_ms"], rep["host_cpu_wait_ms"], rep["host_cpu_wait_share"], rep["slow_only_by_cpu_wait"],
+            rep["window_ms"])
+
+
 def test_report_names_slow_rank_and_function(processors: tuple[Settings, Path]) -> None:
     settings, work = processors
     job = f"rs-{uuid.uuid4().hex[:6]}"
     rep = traced_report(settings, work, job, "--slow-rank", "1", "--slow-factor", "4")
     assert rep["ranks"] == [0, 1, 2, 3] and rep["missing_ranks"] == []
-    assert [s["rank"] for s in rep["slow_workers"]] == [1], (rep["busy_ms"], rep["window_ms"])
+    print("slow-rank window:", host_view(rep))
+    assert [s["rank"] for s in rep["slow_workers"]] == [1], host_view(rep)
+    assert rep["slow_workers"][0]["held_back_by_host"] is False, host_view(rep)
     top = rep["causes"][0]
     assert top["rank"] == 1 and top["leaf"].endswith("slow_extra_compute"), rep["causes"][:3]
     assert any("gpu_compute" in x for x in rep["not_applicable"])
@@ -83,4 +90,5 @@ def test_report_names_slow_rank_and_function(processors: tuple[Settings, Path]) 
 def test_healthy_run_reports_no_abnormal_worker(processors: tuple[Settings, Path]) -> None:
     settings, work = processors
     rep = traced_report(settings, work, f"rh-{uuid.uuid4().hex[:6]}")
-    assert rep["slow_workers"] == [] and rep["abnormal_workers"] == [], rep["busy_ms"]
+    print("healthy window:", host_view(rep))
+    assert rep["slow_workers"] == [] and rep["abnormal_workers"] == [], host_view(rep)
