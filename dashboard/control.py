@@ -15,12 +15,12 @@ from typing import Any
 from rankscope.config import Settings
 from rankscope.control_io import latest_stats
 from rankscope.trace_client import Ack, WindowRequest
-from rankscope.trace_request import MODE_LABELS, MODES, TraceRequest, parse_ranks
+from rankscope.trace_request import MODE_LABELS, MODES, TraceRequest, parse_ranks, stalled_note
 
 ACK_WAIT_S = 5.0
 
 __all__ = ["ACK_WAIT_S", "MODES", "MODE_LABELS", "Ack", "TraceRequest", "parse_ranks",
-           "request_window"]
+           "request_window", "stalled_note"]
 
 
 def request_window(settings: Settings, req: TraceRequest, wait_s: float = ACK_WAIT_S,

@@ -12,11 +12,13 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rankscope.protocol.envelope import Envelope, encode
 from rankscope.protocol.trace import MAX_BYTE_BUDGET, MAX_EVERY_S, MAX_EVERY_STEPS, MAX_STEPS
+from rankscope.rank_states import HUNG, WAITING, base_state
 from rankscope.trace_start import START_LEAD_NS, plan_start_step, steps_per_period
 
 MODES = ("once", "every_s", "every_steps", "continuous")
@@ -140,3 +142,24 @@ def parse_duration(spec: str) -> float:
     if not m:
         raise ValueError(f"bad duration {spec!r}; use e.g. 500ms, 30s, 10m, 1h")
     return float(m.group(1)) * UNIT_S[m.group(2)]
+
+
+def stalled_note(job: str, states: Mapping[int, str], targets: Iterable[int], *,
+                 idle_s: Mapping[int, float] | None = None, min_idle_s: float = 10.0) -> str | None:
+    """What to tell whoever asks a window of a job whose addressed ranks have stopped stepping, None
+    when they step. ``states``: rank -> its state (rankscope/rank_states.py: ``hung`` and ``waiting``
+    do not step); ``idle_s``: rank -> seconds since its last step ended, more than ``min_idle_s``
+    (the hang threshold) counting as not stepping too. A window starts and ends at step boundaries:
+    on a rank blocked in a collective, or hung, it starts only when its steps resume."""
+    wanted = set(targets)
+    hung = sorted(r for r, s in states.items() if r in wanted and base_state(s) == HUNG)
+    idle = {r: t for r, t in (idle_s or {}).items() if r in wanted and t > min_idle_s}
+    still = sorted(r for r in wanted if r not in hung and (base_state(states.get(r)) == WAITING or r in idle))
+    if not hung and not still:
+        return None
+    parts = [f"ranks {hung} hung"] if hung else []
+    if still:
+        parts.append(f"ranks {still} without a step" + (f" for {min(idle.values()):.0f} s or more" if idle else ""))
+    return (f"job {job} is not stepping ({'; '.join(parts)}): a window starts at a step boundary, so on these "
+            f"ranks it starts only when their steps resume. The hang alert holds every rank's stack: "
+            f"`rankscope alerts --job {job}`, or the Alerts page.")

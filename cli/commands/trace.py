@@ -15,7 +15,7 @@ import time
 from rankscope.config import Settings
 from rankscope.control_io import latest_stats
 from rankscope.trace_client import WindowRequest
-from rankscope.trace_request import TraceRequest, parse_duration, parse_ranks
+from rankscope.trace_request import TraceRequest, parse_duration, parse_ranks, stalled_note
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -98,10 +98,18 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
     request_id = req.request_id
     status: dict[int, str] = {}
     done: set[int] = set()
+    stalled: str | None = None
     try:
         with WindowRequest(settings, req, "cli") as w:
             p = w.send(stats[args.job])
             print(f"request {request_id} sent to job {args.job} ranks {targets}", flush=True)
+            rows, now_ns = stats[args.job], time.time_ns()
+            stalled = None if args.stop else stalled_note(
+                args.job, {r["rank"]: str(r.get("state", "")) for r in rows}, targets, min_idle_s=settings.hang_min_s,
+                idle_s={r["rank"]: (now_ns - r["step_end_ns"]) / 1e9 for r in rows
+                        if isinstance(r.get("step_end_ns"), int) and r["step_end_ns"] > 0})
+            if stalled:
+                print(f"note: {stalled}", file=sys.stderr, flush=True)
             if p.period_steps:
                 print(f"--every {args.every} = every {p.period_steps} steps at the job's current step time "
                       "(so that every rank traces the same steps)", flush=True)
@@ -123,6 +131,7 @@ def send_and_wait(args: argparse.Namespace, settings: Settings) -> tuple[int, st
         print(f"no answer from ranks {silent} within {args.timeout:g}s (not running, or not reachable)", file=sys.stderr)
         return 2, request_id
     if args.wait_done and not args.stop and set(done) < set(targets):
-        print(f"ranks {sorted(set(targets) - done)} did not finish their window within {args.timeout:g}s", file=sys.stderr)
+        print(f"ranks {sorted(set(targets) - done)} did not finish their window within {args.timeout:g}s"
+              + (" (the job was not stepping when asked; see the note above)" if stalled else ""), file=sys.stderr)
         return 1, request_id
     return (1 if any(v == "rejected" for v in status.values()) else 0), request_id

@@ -68,8 +68,10 @@ def submit(cfg: Settings, job: str, ranks_text: str, steps: int, mode: str, ever
         except RuntimeError as e:
             st.error(f"Not sent: {e}")
             return
+    stalled = None if stop else control.stalled_note(
+        job, dict(zip(known["rank"].astype(int), known["state"].astype(str), strict=True)), targets)
     st.session_state["trace_acks"] = {"job": job, "request_id": req.request_id, "what": what, "acks": acks,
-                                      "targets": targets}
+                                      "targets": targets, "stalled": stalled}
 
 
 def show_acks(last: dict) -> None:
@@ -83,6 +85,8 @@ def show_acks(last: dict) -> None:
         st.dataframe(pd.DataFrame({"rank": [a.rank for a in acks], "status": [a.status for a in acks],
                                    "detail": [a.detail for a in acks], "window": [a.window_id for a in acks]}),
                      hide_index=True)
+    if last.get("stalled"):
+        st.warning(last["stalled"], icon="⏸️")
     if acks and not last["what"].startswith("stop"):
         st.markdown(f"Its report, once the window is analysed: [Reports](reports?job={last['job']}"
                     f"&window={last['request_id']})")

@@ -4,6 +4,7 @@ torch.profiler for exactly the requested steps -> traces/summaries topics -> sin
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -221,3 +222,32 @@ def test_flight_recorder_is_sent_on_request(traced_job: tuple[Settings, Store, s
     sql = f"SELECT rank, request_id, steps FROM rankscope.flight_records WHERE job = '{job}' AND request_id = 'fl-1'"
     rows = wait_until(lambda: store.query_rows(sql), 60, "the flight record in ClickHouse")
     assert rows[0][0] == 1 and len(json.loads(rows[0][2])) == settings.flight_steps
+
+
+def test_a_window_asked_of_a_hung_job_says_why_it_does_not_start(traced_job: tuple[Settings, Store, str, Path]
+                                                                 ) -> None:
+    from rankscope.control_io import latest_stats
+
+    settings, _, _, work = traced_job
+    job = f"twh-{uuid.uuid4().hex[:6]}"
+    log = work / f"{job}.log"
+    proc = start_job(settings, job, log, "--steps", "100000", "--hang-rank", "1", "--hang-after-s", "3", nproc=2)
+    try:
+        at = wait_until(lambda: re.search(r"rank 1: hanging at step (\d+)", log.read_text(errors="replace")), 240,
+                        "rank 1 to hang")
+        hang_step = int(at.group(1)) - 1
+        # The latest stats hold both ranks' last steps, and no step has ended for the hang threshold.
+        def idle_s() -> float:
+            rows = latest_stats(settings).get(job, [])
+            if len(rows) < 2 or min(r["step"] for r in rows) < hang_step - 1:
+                return 0.0
+            return (time.time_ns() - max(r["step_end_ns"] for r in rows)) / 1e9
+        wait_until(lambda: idle_s() > settings.hang_min_s + 1, 180, f"{job}'s stats to stop at step {hang_step}")
+        out = rankscope(settings, "trace", "--job", job, "--steps", "3", "--wait-done", "--timeout", "8")
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert f"note: job {job} is not stepping (ranks [0, 1] without a step for" in out.stderr, out.stderr
+        assert "starts only when their steps resume" in out.stderr and f"rankscope alerts --job {job}" in out.stderr
+        assert "did not finish their window within 8s (the job was not stepping when asked" in out.stderr, out.stderr
+    finally:
+        stop_process(proc)
+        print("hung job log:\n" + tail(log))

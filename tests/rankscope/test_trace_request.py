@@ -132,3 +132,20 @@ def test_dashboard_and_cli_send_the_same_trace_command_to_a_running_job(fresh_to
         assert cli_msg.body["ranks"] == dash_msg.body["ranks"] is None
     finally:
         control_reader.close()
+
+
+def test_a_request_to_ranks_that_do_not_step_gets_a_note_saying_why() -> None:
+    from rankscope.trace_request import stalled_note
+
+    states = {0: "waiting", 1: "hung", 2: "running", 3: "exited:signal"}
+    note = stalled_note("j", states, [0, 1, 2, 3])
+    assert note is not None and note.startswith("job j is not stepping (ranks [1] hung; ranks [0] without a step)")
+    assert "`rankscope alerts --job j`" in note
+    assert stalled_note("j", states, [2, 3]) is None              # the addressed ranks step (or are gone)
+    assert stalled_note("j", {0: "waiting"}, [0]) == stalled_note("j", {0: "waiting", 5: "hung"}, [0])
+    assert stalled_note("j", {}, [0]) is None and stalled_note("j", {0: "newer-state"}, [0]) is None
+    # The processors publish no stats while no rank steps: the time since each rank's last step says it.
+    running = {0: "running", 1: "running"}
+    idle = stalled_note("j", running, [0, 1], idle_s={0: 42.0, 1: 40.5}, min_idle_s=10)
+    assert idle is not None and idle.startswith("job j is not stepping (ranks [0, 1] without a step for 40 s or more)")
+    assert stalled_note("j", running, [0, 1], idle_s={0: 9.0, 1: 0.1}, min_idle_s=10) is None
