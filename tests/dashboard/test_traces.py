@@ -199,9 +199,21 @@ def test_traces_page_sends_a_request_and_shows_acks(app_env, monkeypatch):
     assert list(acks["status"]) == ["accepted", "rejected"]
     assert f"Request `{req.request_id}`" in page_text(at)
     assert f"(reports?job={sd.HANG_JOB}&window={req.request_id})" in page_text(at)
+    assert not any("is not stepping" in w.value for w in at.warning)     # ranks 0 and 1 are not the hung one
     at.button[1].click().run()       # "Stop windows"
     assert not at.exception and sent[1][0].stop
     assert "(reports?job=" not in page_text(at)
+
+
+@pytest.mark.clickhouse
+def test_traces_page_says_why_a_window_of_a_hung_rank_will_not_start(app_env, monkeypatch):
+    monkeypatch.setattr(control, "request_window", lambda *a, **k: [control.Ack(3, "accepted", "3 steps, once")])
+    at = open_page("views/traces.py", job=sd.HANG_JOB)
+    at.button[0].click().run()       # every rank, rank 3 hung in the sample job
+    assert not at.exception, at.exception
+    stalled = [w.value for w in at.warning if f"job {sd.HANG_JOB} is not stepping" in w.value]
+    assert stalled and "ranks [3] hung" in stalled[0] and "when their steps resume" in stalled[0], \
+        [w.value for w in at.warning]
 
 
 @pytest.mark.clickhouse
@@ -223,4 +235,5 @@ def test_traces_page_no_acks_warns(app_env, monkeypatch):
     at.button[0].click().run()
     assert not at.exception
     assert any("No acknowledgement within 5 s" in w.value for w in at.warning)
+    assert not any("is not stepping" in w.value for w in at.warning)
     assert any(f"No trace windows for {sd.OK_JOB} yet" in i.value for i in at.info)
