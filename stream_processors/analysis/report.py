@@ -164,12 +164,12 @@ def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, 
     typical = typical_exclusive(df)
     busy = _per_rank(typical, BUSY_CATS, "typical_exclusive_ns", ranks)
     waits = host_waits(df, ranks)
-    host_busy = _per_rank(typical, HOST_BUSY_CATS, "typical_exclusive_ns", ranks)
     if waits is not None:
-        report["host_cpu_wait_ms"] = {str(r): round(float(v) / 1e6, 3) for r, v in waits[0].items()}
-        report["host_cpu_wait_share"] = {str(r): round(float(w), 3) for r, w in waits[1].items()}
+        waits["host_busy"] = _per_rank(typical, HOST_BUSY_CATS, "typical_exclusive_ns", ranks)
+        report["host_cpu_wait_ms"] = {str(r): round(float(v) / 1e6, 3) for r, v in waits["runq"].items()}
+        report["host_cpu_wait_share"] = {str(r): round(float(w), 3) for r, w in waits["share"].items()}
     report["slow_workers"], report["slow_only_by_cpu_wait"] = slow_workers(
-        busy, host_busy, waits, window, z_threshold, min_rel_excess)
+        busy, waits, window, z_threshold, min_rel_excess)
     slow = report["slow_workers"]
     report["busy_ms"] = {str(r): round(float(v) / 1e6, 3) for r, v in busy.items()}
     report["causes"] = rank_causes(df, [s["rank"] for s in slow], ranks, world)
@@ -180,10 +180,10 @@ def build_report(summaries: pd.DataFrame, arrivals: pd.DataFrame | None = None, 
     return report
 
 
-def host_waits(df: pd.DataFrame, ranks: list[int]) -> tuple[pd.Series, pd.Series] | None:
-    """Per rank, how long its training thread waited for a CPU over the window (the run-queue wait
-    of the summaries' ``thread_cpu``, ns) and that wait as a share of the time the thread was ready
-    to run (``runq / (runq + cpu)``). None unless every rank sent it (older ranks, no schedstat)."""
+def host_waits(df: pd.DataFrame, ranks: list[int]) -> pd.DataFrame | None:
+    """Per rank (the index), its training thread's wait for a CPU over the window, from the
+    summaries' ``thread_cpu``: ``runq`` (ns waiting), ``ready`` (ns on a CPU or waiting for one) and
+    ``share`` (``runq / ready``). None unless every rank sent it (older ranks, no schedstat)."""
     if "thread_runq_ns" not in df or "thread_cpu_ns" not in df:
         return None
     per = df.groupby("rank")[["thread_cpu_ns", "thread_runq_ns"]].max().reindex(ranks)
@@ -191,18 +191,17 @@ def host_waits(df: pd.DataFrame, ranks: list[int]) -> tuple[pd.Series, pd.Series
         return None
     runq = per["thread_runq_ns"].astype(float)
     ready = runq + per["thread_cpu_ns"].astype(float)
-    return runq, (runq / ready.where(ready > 0)).fillna(0.0)
+    return pd.DataFrame({"runq": runq, "ready": ready, "share": (runq / ready.where(ready > 0)).fillna(0.0)})
 
 
-def slow_workers(busy: pd.Series, host_busy: pd.Series, waits: tuple[pd.Series, pd.Series] | None,
-                 window: pd.Series, z_threshold: float, min_rel_excess: float
-                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def slow_workers(busy: pd.Series, waits: pd.DataFrame | None, window: pd.Series, z_threshold: float,
+                 min_rel_excess: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(slow, only_by_wait)``: the slow workers of a window, and the workers slow in wall time only
     by waiting for a CPU.
 
     A worker is slow when its busy time is abnormal (``flag_slow``), at least ``min_rel_excess``
     above the other workers' median and 1% of the window above it. Where every rank sent its
-    training thread's run-queue wait (``waits``: ns, and shares of ready time), its wait beyond what
+    training thread's run-queue wait (``waits``: :func:`host_waits` and each rank's ``host_busy``), its wait beyond what
     its peers' share would give over its ready time (``runq - peers' share x ready``, at most its
     host busy time) is taken off its busy time first: ranks that share cores with other work take
     turns, and over a short window whichever got a CPU less readily looks slower though its work is
@@ -229,16 +228,15 @@ def slow_workers(busy: pd.Series, host_busy: pd.Series, waits: tuple[pd.Series, 
         if waits is None:
             slow.append(row)
             continue
-        runq, share = waits
-        peers = float(share.drop(r).median())
-        ready = float(runq[r]) / float(share[r]) if share[r] > 0 else 0.0
-        extra = min(max(0.0, float(runq[r]) - peers * ready), float(host_busy[r]))
+        w = waits.loc[r]
+        peers = float(waits["share"].drop(r).median())
+        extra = min(max(0.0, float(w["runq"]) - peers * float(w["ready"])), float(w["host_busy"]))
         rest = wall[r] - extra
-        row.update(extra_cpu_wait_ms=round(extra / 1e6, 3), cpu_wait_share=round(float(share[r]), 3),
+        row.update(extra_cpu_wait_ms=round(extra / 1e6, 3), cpu_wait_share=round(float(w["share"]), 3),
                    peers_cpu_wait_share=round(peers, 3))
         if rest > b * (1 + min_rel_excess) and rest - b > FLOOR * window[r]:
             slow.append({**row, "held_back_by_host": False})
-        elif starved(float(share[r]), peers):
+        elif starved(float(w["share"]), peers):
             slow.append({**row, "held_back_by_host": True})
         else:
             only_by_wait.append(row)
