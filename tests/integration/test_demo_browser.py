@@ -29,10 +29,11 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
         data_dir=str(tmp_path / "demo"), dashboard_port=free_port(), clickhouse_dsn="")
     env = child_env(settings)
     job = f"demo-{uuid.uuid4().hex[:6]}"
-    # The hang comes late enough for the checks of the slow rank to see it step: 100 s in (the demo
+    # The hang comes late enough for the checks of the slow rank to see it step: 160 s in (the demo
     # job made 8-65 steps/s on the same 2 cores). The window is requested right after the profile check,
-    # so that it runs before the hang (a window requested of a hung job never ends).
-    cmd = [sys.executable, "-m", "rankscope", "demo", "--job", job, "--hang-at-step", "-1", "--hang-after-s", "100"]
+    # so that it runs before the hang (a window requested of a hung job never ends); that check took
+    # up to 92 s on a slow draw, and a hang 100 s in then came before the window's start step.
+    cmd = [sys.executable, "-m", "rankscope", "demo", "--job", job, "--hang-at-step", "-1", "--hang-after-s", "160"]
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout + out.stderr
