@@ -83,7 +83,9 @@ def differential_shows_the_slow_ranks_function(page, base: str, job: str, seen: 
     while True:
         page.goto(f"{base}/job?job={job}&profile_rank=1")
         try:
-            wait_for_text(page, MOST_ADDED, 5)
+            # The profile panel comes last on the page: on a slow draw a load took more than 5 s, and
+            # a shorter wait reloaded the page before the panel ever showed.
+            wait_for_text(page, MOST_ADDED, 20)
             break
         except AssertionError:
             if time.monotonic() > deadline:
