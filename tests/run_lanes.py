@@ -69,6 +69,17 @@ def last_line(path: Path) -> str:
     return lines[-1].strip()[-100:] if lines else ""
 
 
+def failures(path: Path) -> list[str]:
+    """The ``FAILED`` and ``ERROR`` lines of a lane's short test summary: repeated at the end of the
+    run, so that a log cut to its tail (as CI keeps it) still says which tests failed and why."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    _, found, summary = text.rpartition("short test summary info")
+    return [s[:600] for s in summary.splitlines() if s.startswith(("FAILED ", "ERROR "))] if found else []
+
+
 def run_lanes(lanes: tuple[Lane, ...] = LANES, report_every_s: float = 60.0) -> int:
     logs = Path(tempfile.mkdtemp(prefix="rankscope-lanes-"))
     t0 = time.monotonic()
@@ -99,6 +110,9 @@ def run_lanes(lanes: tuple[Lane, ...] = LANES, report_every_s: float = 60.0) -> 
     print("\n===== lanes =====")
     for name, (rc, at) in results.items():
         print(f"{name:8s} exit {rc}  ended at {at:.0f} s  {last_line(procs[name][1])}")
+    for name, (_, log) in procs.items():
+        for line in failures(log):
+            print(f"{name}: {line}")
     print(f"whole suite: {wall:.0f} s ({wall / 60:.1f} min) of test time", flush=True)
     return 0 if all(rc == 0 for rc, _ in results.values()) else 1
 
