@@ -66,6 +66,7 @@ class ShardLoop:
         self.stage = ShardStage(settings, sender)
         self.folded = 0
         self.assigned: set[int] = set()
+        self._lost_brokers: set[int] = set()   # brokers the consumer was connected to and is not now
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._topic = Topic.STEPS.name_for(settings)
@@ -185,13 +186,20 @@ class ShardLoop:
         """librdkafka's statistics (inside consume(), on this thread): the steps partitions whose
         leader is down go to the stage, which judges their ranks' silence accordingly."""
         try:
-            down = unreachable_partitions(json.loads(stats_json), self._topic) & self.assigned
+            stats = json.loads(stats_json)
+            down = unreachable_partitions(stats, self._topic) & self.assigned
+            lost = lost_brokers(stats)
         except (ValueError, TypeError, AttributeError) as e:
             log.debug("unreadable consumer statistics: %s", e)
             return
         if down != self.stage.unreachable:
             log.warning("steps partitions without a reachable leader: %s", sorted(down) or "none")
-        self.stage.mark_reachable(down, self.clock.wall_ns() / 1e9)
+        stalled = self.assigned - down if lost - self._lost_brokers else set()
+        if stalled:
+            log.warning("brokers %s lost: steps partitions %s are judged at what was read from them until "
+                        "their ranks deliver again", sorted(lost - self._lost_brokers), sorted(stalled))
+        self._lost_brokers = lost
+        self.stage.mark_reachable(down, self.clock.wall_ns() / 1e9, stalled)
 
     # Rebalance callbacks (run inside consume(), on this thread) ---------------------------------
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
@@ -223,6 +231,13 @@ class ShardLoop:
         with contextlib.suppress(Exception):   # partitions never assigned there
             self.profiles_consumer.incremental_unassign([TopicPartition(self._profiles_topic, p) for p in gone])
         log.warning("revoked steps partitions %s", sorted(gone))
+
+
+def lost_brokers(stats: dict[str, Any]) -> set[int]:
+    """The brokers in a client's librdkafka statistics that it was connected to and is not now
+    (neither ``UP`` nor ``INIT``, the state of a broker it never needed)."""
+    return {b["nodeid"] for b in stats.get("brokers", {}).values()
+            if b.get("nodeid", -1) >= 0 and b.get("state") not in ("UP", "INIT")}
 
 
 def unreachable_partitions(stats: dict[str, Any], topic: str) -> set[int]:

@@ -96,18 +96,28 @@ class ShardStage:
         else:
             self.behind.discard(partition)
 
-    def mark_reachable(self, unreachable: set[int], now_s: float) -> None:
+    def mark_reachable(self, unreachable: set[int], now_s: float, stalled: set[int] | None = None) -> None:
         """The partitions whose leader cannot be reached now (from the consumer's statistics). While
         a partition's leader is down its ranks cannot deliver, so their silence is no evidence: it
         is judged at the newest send time read from it before the leader went down. Once the leader
         is back it stays judged there until every rank that was live then has delivered something
         sent after it (:meth:`frontier_s`), for at most ``RECOVERY_FACTOR x dead_after_s``: a rank
-        that died meanwhile is found then."""
+        that died meanwhile is found then.
+
+        ``stalled``: partitions whose leader is up, given when a broker has just gone down. It
+        holds a replica of theirs too, and writes wait for every in-sync replica (``acks=all``), so
+        nothing new can be read from them until the controller drops that broker from their in-sync
+        replicas (its session timeout); their ranks' producers then deliver what they held, some
+        sooner than others. They are judged as partitions whose leader just came back."""
         for p in unreachable - self.unreachable:
             if p not in self.outage_from_s:
                 self.outage_from_s[p] = self.newest_sent_ns.get(p, int(now_s * 1e9)) / 1e9
         for p in self.unreachable - unreachable:
             self.recovering_until_s[p] = now_s + RECOVERY_FACTOR * self.settings.dead_after_s
+        for p in (stalled or set()) - unreachable:
+            if p not in self.outage_from_s:
+                self.outage_from_s[p] = self.newest_sent_ns.get(p, int(now_s * 1e9)) / 1e9
+                self.recovering_until_s[p] = now_s + RECOVERY_FACTOR * self.settings.dead_after_s
         self.unreachable = set(unreachable)
         for p in [p for p, until in self.recovering_until_s.items() if until <= now_s or p in self.unreachable]:
             del self.recovering_until_s[p]

@@ -163,3 +163,46 @@ def test_partitions_whose_leader_is_not_connected_are_read_from_the_consumer_sta
                         "other": {"partitions": {"5": {"leader": 2}}}}}
     assert unreachable_partitions(stats, "steps") == {1, 2}
     assert unreachable_partitions(stats, "missing") == set() and unreachable_partitions({}, "steps") == set()
+
+
+def test_partitions_with_a_live_leader_are_held_when_a_broker_is_lost_until_their_ranks_deliver() -> None:
+    # A broker dies at T0 + 21. Partition 1's leader lives on, but the lost broker is one of its
+    # in-sync replicas: nothing new is readable until the controller drops it (T0 + 30). Then ranks
+    # 0-2 deliver at once and rank 3's producer, retrying, a few seconds later: not a dead rank.
+    stage = ShardStage(S, EnvelopeEncoder("w", 1))
+    feed(stage, 1, [0, 1, 2, 3], until_s=T0 + 20)
+    stage.mark_reachable(set(), T0 + 21, stalled={1})
+    for t in range(21, 33):
+        for r in (0, 1, 2):
+            stage.ingest(1, beat(r, T0 + t, t), T0 + 32)
+    [held] = summaries(stage, now_s=T0 + 33)
+    assert held.agg["frontier_ns"] == int((T0 + 20) * 1e9) and held.agg["silent"] == 0
+    # The next statistics, the broker still lost, do not start the hold again.
+    stage.mark_reachable(set(), T0 + 34, stalled=set())
+    stage.ingest(1, beat(3, T0 + 34, 34), T0 + 34)
+    [over] = summaries(stage, now_s=T0 + 35)
+    assert over.agg["frontier_ns"] == int((T0 + 35) * 1e9) and over.agg["silent"] == 0
+
+
+def test_a_rank_that_dies_while_a_broker_is_lost_is_found_once_the_hold_ends() -> None:
+    stage = ShardStage(S, EnvelopeEncoder("w", 1))
+    feed(stage, 1, [0, 1, 2, 3], until_s=T0 + 20)
+    stage.mark_reachable(set(), T0 + 21, stalled={1})
+    end = T0 + 21 + RECOVERY_FACTOR * S.dead_after_s
+    for t in range(21, int(end - T0) + 1):
+        for r in (0, 1, 2):
+            stage.ingest(1, beat(r, T0 + t, t), T0 + t)
+    stage.mark_reachable(set(), end, stalled=set())
+    [judged] = summaries(stage, now_s=end)
+    assert judged.agg["frontier_ns"] == int(end * 1e9) and judged.agg["silent"] == 1
+
+
+def test_brokers_lost_are_those_once_connected_and_not_up_now() -> None:
+    from rankscope.stream_processors.shard_loop import lost_brokers
+
+    stats = {"brokers": {"127.0.0.1:9092/1": {"nodeid": 1, "state": "UP"},
+                         "127.0.0.1:9093/2": {"nodeid": 2, "state": "TRY_CONNECT"},
+                         "127.0.0.1:9094/3": {"nodeid": 3, "state": "INIT"},
+                         "127.0.0.1:9092/bootstrap": {"nodeid": -1, "state": "DOWN"}}}
+    assert lost_brokers(stats) == {2}
+    assert lost_brokers({}) == set()
