@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-at-step", type=int, default=-1)
     p.add_argument("--hang-after-s", type=float, default=0.0,
                    help="the hang rank hangs at its first step this many seconds after its first (0 = off)")
+    p.add_argument("--hang-when-file", default="",
+                   help="the hang rank hangs at its first step after this file exists (a test plants the hang)")
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-at-step", type=int, default=-1)
     p.add_argument("--starved-rank", type=int, default=-1,
@@ -135,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         if step >= args.steps and not args.min_seconds:
             break
         if rank == args.hang_rank and (step == args.hang_at_step
-                                       or 0 < args.hang_after_s <= time.monotonic() - t_first):
+                                       or 0 < args.hang_after_s <= time.monotonic() - t_first
+                                       or (args.hang_when_file and os.path.exists(args.hang_when_file))):
             print(f"rank {rank}: hanging at step {step}", file=sys.stderr, flush=True)
             hang_forever()
         if rank == args.fail_rank and step == args.fail_at_step:
