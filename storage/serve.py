@@ -202,6 +202,9 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
     log.info("dashboard on http://%s:%d (store %s, sink %s, password %s)", settings.dashboard_host,
              settings.dashboard_port, settings.store_dsn_redacted, "on" if sink else "off",
              "required" if settings.dashboard_password else "off")
+    from rankscope.storage import closed_tabs
+
+    closed_tabs.install()
     try:
         bootstrap.load_config_options(opts)
         bootstrap.run(str(script), False, [], opts)
