@@ -16,7 +16,9 @@ Contract:
   so the committed offset, which lag monitors read, trails the fold by at most that.
 - A steps partition whose leader is down (librdkafka's statistics, every second) is judged at the
   newest send time read before, until its ranks delivered again (:meth:`ShardStage.mark_reachable`):
-  a broker lost is not a rank lost.
+  a broker lost is not a rank lost. When a broker the consumer was connected to is lost, the other
+  partitions are held the same way from then: it is one of their in-sync replicas, and they stall
+  until the controller drops it.
 - The profiles partitions of the same numbers (same key, job/rank) are read beside them, from
   PROFILE_LOOKBACK_S before the assignment, by a consumer of their own that commits nothing: only a
   rank's newest profile interval matters (stream_processors/profile_digest.py).
@@ -66,7 +68,7 @@ class ShardLoop:
         self.stage = ShardStage(settings, sender)
         self.folded = 0
         self.assigned: set[int] = set()
-        self._lost_brokers: set[int] = set()   # brokers the consumer was connected to and is not now
+        self._up_brokers: set[int] = set()   # the brokers connected at the last statistics
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._topic = Topic.STEPS.name_for(settings)
@@ -188,17 +190,18 @@ class ShardLoop:
         try:
             stats = json.loads(stats_json)
             down = unreachable_partitions(stats, self._topic) & self.assigned
-            lost = lost_brokers(stats)
+            up = up_brokers(stats)
         except (ValueError, TypeError, AttributeError) as e:
             log.debug("unreadable consumer statistics: %s", e)
             return
         if down != self.stage.unreachable:
             log.warning("steps partitions without a reachable leader: %s", sorted(down) or "none")
-        stalled = self.assigned - down if lost - self._lost_brokers else set()
+        lost = self._up_brokers - up
+        stalled = self.assigned - down if lost else set()
         if stalled:
             log.warning("brokers %s lost: steps partitions %s are judged at what was read from them until "
-                        "their ranks deliver again", sorted(lost - self._lost_brokers), sorted(stalled))
-        self._lost_brokers = lost
+                        "their ranks deliver again", sorted(lost), sorted(stalled))
+        self._up_brokers = up
         self.stage.mark_reachable(down, self.clock.wall_ns() / 1e9, stalled)
 
     # Rebalance callbacks (run inside consume(), on this thread) ---------------------------------
@@ -233,11 +236,11 @@ class ShardLoop:
         log.warning("revoked steps partitions %s", sorted(gone))
 
 
-def lost_brokers(stats: dict[str, Any]) -> set[int]:
-    """The brokers in a client's librdkafka statistics that it was connected to and is not now
-    (neither ``UP`` nor ``INIT``, the state of a broker it never needed)."""
+def up_brokers(stats: dict[str, Any]) -> set[int]:
+    """The brokers a client is connected to, from its librdkafka statistics: one connected at the
+    last statistics and not now is lost (a connection being set up, or never needed, is no loss)."""
     return {b["nodeid"] for b in stats.get("brokers", {}).values()
-            if b.get("nodeid", -1) >= 0 and b.get("state") not in ("UP", "INIT")}
+            if b.get("nodeid", -1) >= 0 and b.get("state") == "UP"}
 
 
 def unreachable_partitions(stats: dict[str, Any], topic: str) -> set[int]:

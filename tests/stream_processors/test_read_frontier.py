@@ -197,12 +197,42 @@ def test_a_rank_that_dies_while_a_broker_is_lost_is_found_once_the_hold_ends() -
     assert judged.agg["frontier_ns"] == int(end * 1e9) and judged.agg["silent"] == 1
 
 
-def test_brokers_lost_are_those_once_connected_and_not_up_now() -> None:
-    from rankscope.stream_processors.shard_loop import lost_brokers
+def test_the_brokers_up_are_read_from_the_consumer_statistics() -> None:
+    from rankscope.stream_processors.shard_loop import up_brokers
 
     stats = {"brokers": {"127.0.0.1:9092/1": {"nodeid": 1, "state": "UP"},
                          "127.0.0.1:9093/2": {"nodeid": 2, "state": "TRY_CONNECT"},
                          "127.0.0.1:9094/3": {"nodeid": 3, "state": "INIT"},
-                         "127.0.0.1:9092/bootstrap": {"nodeid": -1, "state": "DOWN"}}}
-    assert lost_brokers(stats) == {2}
-    assert lost_brokers({}) == set()
+                         "127.0.0.1:9092/bootstrap": {"nodeid": -1, "state": "UP"}}}
+    assert up_brokers(stats) == {1}
+    assert up_brokers({}) == set()
+
+
+def test_the_shard_loop_holds_every_partition_once_when_a_connected_broker_is_lost() -> None:
+    import json
+
+    from rankscope.clock import ManualClock
+    from rankscope.protocol.deadletter import DeadLetterCounter
+    from rankscope.stream_processors.shard_loop import ShardLoop
+
+    clock = ManualClock(T0 + 21)
+    loop = ShardLoop(S, "g", clock, DeadLetterCounter(), EnvelopeEncoder("w", 1))
+    loop.assigned = {0, 1, 2}
+    for p in (0, 1, 2):
+        feed(loop.stage, p, [p], until_s=T0 + 20)
+    topic = loop._topic
+
+    def stats(states: dict[int, str]) -> str:
+        return json.dumps({"brokers": {f"h:{n}/{n}": {"nodeid": n, "state": st} for n, st in states.items()},
+                           "topics": {topic: {"partitions": {"0": {"leader": 1}, "1": {"leader": 2},
+                                                             "2": {"leader": 1}}}}})
+    loop._on_stats(stats({1: "UP", 2: "CONNECT"}))          # a connection being set up is no loss
+    assert loop.stage.outage_from_s == {1: T0 + 20}
+    loop._on_stats(stats({1: "UP", 2: "UP"}))
+    loop._on_stats(stats({1: "UP", 2: "DOWN"}))             # broker 2 lost: partition 1 has no leader,
+    assert loop.stage.unreachable == {1}                    # partitions 0 and 2 stall behind it
+    assert set(loop.stage.outage_from_s) == {0, 1, 2} and set(loop.stage.recovering_until_s) == {0, 2}
+    held = dict(loop.stage.recovering_until_s)
+    clock.advance(1.0)
+    loop._on_stats(stats({1: "UP", 2: "TRY_CONNECT"}))      # still lost: the hold is not renewed
+    assert loop.stage.recovering_until_s == held
