@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 import tempfile
@@ -12,13 +11,8 @@ from collections.abc import Iterator
 
 from rankscope.cli.stack.admin import ensure_topics
 from rankscope.cli.stack.broker import LocalBroker
+from rankscope.cli.stack.ports import free_port
 from rankscope.config import Settings
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 # Produce requests that warm the co-located broker before timed runs (measured: its CPU per request
 # falls from ~1.5 ms to 0.1-0.3 ms over the first ~15,000).

@@ -3,7 +3,6 @@ line, started, waited for until its health endpoint answers, and stopped."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -15,12 +14,6 @@ from pathlib import Path
 from rankscope.storage.serve import TOOLBAR_MODE
 
 START_TIMEOUT_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def streamlit_cmd(port: int, script: str | Path = "dashboard/app.py") -> list[str]:

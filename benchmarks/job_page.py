@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import big_job_store as big
-from benchmarks.dashboard_process import free_port, running, streamlit_cmd
+from benchmarks.dashboard_process import running, streamlit_cmd
+from rankscope.cli.stack.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("RANKSCOPE_CHROMIUM", "/usr/bin/chromium")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -21,7 +20,8 @@ from collections.abc import Iterator
 import pytest
 
 from rankscope.cli.stack.admin import delete_topics, ensure_topics
-from rankscope.cli.stack.broker import LocalBroker
+from rankscope.cli.stack.broker import BrokerError, LocalBroker
+from rankscope.cli.stack.ports import free_port
 from rankscope.config import Settings
 from rankscope.topics import all_topic_names
 
@@ -29,13 +29,6 @@ from rankscope.topics import all_topic_names
 # which the suite's other processes on the same two cores get instead.
 TEST_BROKER_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 os.environ.setdefault("RANKSCOPE_KAFKA_JVM_OPTS", TEST_BROKER_JVM_OPTS)
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)
@@ -55,20 +48,34 @@ def _root_logging_restored() -> Iterator[None]:
     root.setLevel(level)
 
 
+def start_broker_on_free_ports(settings: Settings, attempts: int = 3) -> tuple[Settings, LocalBroker]:
+    """A LocalBroker on two free ports, started. Ports are free when drawn, not when the broker binds them:
+    another lane's server may take one in between, so a start that fails on a taken port is tried again on
+    new ones. Any other failure raises BrokerError with the broker's log tail."""
+    for attempt in range(1, attempts + 1):
+        settings = settings.with_overrides(kafka_port=free_port(), kafka_controller_port=free_port())
+        broker = LocalBroker(settings)
+        try:
+            broker.start(timeout_s=120)
+            return settings, broker
+        except BrokerError as e:
+            broker.stop()
+            if "already in use" not in str(e) or attempt == attempts:
+                raise
+            logging.getLogger(__name__).warning("broker start attempt %d found a port taken; new ports", attempt)
+            shutil.rmtree(settings.data_dir, ignore_errors=True)
+            os.makedirs(settings.data_dir, exist_ok=True)
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="session")
 def kafka_settings() -> Iterator[Settings]:
     """Settings pointing at a running Kafka with all rankscope topics created (session-wide)."""
     data_dir = tempfile.mkdtemp(prefix="rankscope-test-", dir="/tmp")
-    settings = Settings.from_env(
-        data_dir=data_dir,
-        kafka_port=free_port(),
-        kafka_controller_port=free_port(),
-        topic_prefix=f"t{uuid.uuid4().hex[:8]}.",
-    )
-    broker = None if settings.bootstrap_servers else LocalBroker(settings)
+    settings, broker = Settings.from_env(data_dir=data_dir, topic_prefix=f"t{uuid.uuid4().hex[:8]}."), None
     try:
-        if broker is not None:
-            broker.start(timeout_s=120)  # raises BrokerError (with the log tail) on failure
+        if not settings.bootstrap_servers:
+            settings, broker = start_broker_on_free_ports(settings)
         ensure_topics(settings, timeout_s=60)
         yield settings
     finally:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 
 from rankscope.cli.stack import services
+from rankscope.cli.stack.ports import free_port
 from rankscope.config import Settings
 
 
@@ -39,19 +39,13 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                    help="instead, the hang rank hangs at its first step this many seconds in (0 = off)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def demo_job(args: argparse.Namespace, settings: Settings) -> int:
     if args.nproc < 1:
         raise SystemExit(f"--nproc must be >= 1, got {args.nproc}")
     job = args.job or settings.job_id or f"demo-{time.strftime('%H%M%S')}"
     env = {**os.environ, **settings.to_env(), "RANKSCOPE_JOB_ID": job}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
            "-m", "rankscope.demo.train", "--steps", str(args.steps), "--slow-rank", str(args.slow_rank),
            "--slow-factor", str(args.slow_factor),
            "--hang-rank", str(args.hang_rank), "--hang-at-step", str(args.hang_at_step),

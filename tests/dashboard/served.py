@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from benchmarks.dashboard_process import free_port, running, streamlit_cmd
+from benchmarks.dashboard_process import running, streamlit_cmd
+from rankscope.cli.stack.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 __all__ = ["ROOT", "free_port", "served", "streamlit_cmd"]

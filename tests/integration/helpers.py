@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,17 +18,12 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from rankscope.alert_schema import validate as validate_alert
+from rankscope.cli.stack.ports import free_port
 from rankscope.config import Settings
 from rankscope.protocol.alerts import Alert
 from rankscope.topics import Topic
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def child_env(settings: Settings, **extra: str) -> dict[str, str]:

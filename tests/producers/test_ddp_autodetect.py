@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rankscope.cli.stack.ports import free_port
 from rankscope.config import Settings
 from rankscope.producers.collectives import CommTimer
 from rankscope.producers.ddp import DdpWatcher
@@ -33,15 +33,9 @@ class Recording:
         pass
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def gloo_group() -> Iterator[None]:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         yield

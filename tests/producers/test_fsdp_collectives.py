@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import time
 from typing import Any
 
@@ -16,16 +15,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rankscope.cli.stack.ports import free_port
 from rankscope.producers.collectives import WRAPPER_MARK, CommTimer, install
 
 STEPS = 3
 DELAY_S = 0.5     # rank 1's sleep before each step
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank(rank: int, port: int, out: Any) -> None:
@@ -68,7 +62,7 @@ def _rank(rank: int, port: int, out: Any) -> None:
 def test_fsdp2_collective_waits_are_timed_on_cpu_gloo() -> None:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, out)) for r in range(2)]
     for p in procs:
         p.start()

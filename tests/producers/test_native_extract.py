@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from rankscope.call_paths import expand_call_paths
 from rankscope.cli import main as cli_main
+from rankscope.cli.stack.ports import free_port
 from rankscope.config import Settings
 from rankscope.producers.native_extract import WindowReader, extract_columns, load_native
 from rankscope.producers.trace_events import to_columnar
@@ -32,16 +32,10 @@ def native() -> Any:
     return mod
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ddp_window() -> Iterator[Any]:
     """A stopped profiler over 3 DDP steps of a one-process gloo group, with stacks and shapes."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         model = torch.nn.parallel.DistributedDataParallel(

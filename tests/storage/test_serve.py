@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from rankscope.cli.stack.ports import free_port
 from rankscope.config import ConfigError, Settings
 from rankscope.protocol.envelope import Envelope, encode
 from rankscope.storage.serve import export_settings, streamlit_options
@@ -38,12 +38,6 @@ PAGE = textwrap.dedent("""
     n = store.query_rows("SELECT count() FROM rankscope.steps FINAL")[0][0]
     st.write(f"steps={n} prefix={settings.topic_prefix} sink={'yes' if running_sink() else 'no'}")
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_export_settings_round_trips() -> None:
