@@ -38,7 +38,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "function_summaries": ("job", "window_id", "rank", "category", "name", "count", "total_ns", "median_ns",
                            "p95_ns", "max_ns", "exclusive_ns", "window_ns"),
     "trace_windows": ("job", "window_id", "rank", "status", "first_step", "last_step", "start_ns", "end_ns", "events",
-                      "truncated", "updated_ns"),
+                      "truncated", "updated_ns", "thread_cpu_ns", "thread_runq_ns"),
 }
 # Tables written as Arrow, with each column's Arrow type ("dict": a dictionary-encoded string, for a
 # LowCardinality(String) column). The dictionaries are then built in C: clickhouse-connect's native

@@ -20,7 +20,8 @@ from rankscope.storage.store import Store
 
 WINDOWS_COLUMNS = ["window_id", "request_id", "status", "ranks", "first_step", "last_step", "steps", "events",
                    "truncated_ranks", "start", "end", "duration_s", "updated"]
-WINDOW_RANKS_COLUMNS = ["rank", "status", "first_step", "last_step", "events", "truncated", "start", "end"]
+WINDOW_RANKS_COLUMNS = ["rank", "status", "first_step", "last_step", "events", "truncated", "start", "end",
+                        "thread_cpu_s", "cpu_wait_share"]
 EVENT_COLUMNS = ["rank", "category", "name", "start_ns", "dur_ns", "device", "stream", "step", "bytes", "attrs",
                  "correlation", "external_id"]
 #: Most events one call reads (a window is capped by the ranks' byte budget; this guards the page).
@@ -70,11 +71,16 @@ def _merge_statuses(statuses: Any) -> str:
 
 
 def trace_window_ranks(store: Store, job: str, window_id: str) -> pd.DataFrame:
-    """The per-rank rows of one window (latest version of each): :data:`WINDOW_RANKS_COLUMNS`."""
+    """The per-rank rows of one window (latest version of each): :data:`WINDOW_RANKS_COLUMNS`.
+
+    ``thread_cpu_s`` is the training thread's CPU time over the window; ``cpu_wait_share`` the share of
+    the time it was ready to run (on a CPU or runnable) that it waited for a CPU. Both are NaN for a
+    rank that does not send its thread's CPU times.
+    """
     db = store.database
     sql = f"""
         SELECT rank, toString(status) AS status, first_step, last_step, events, truncated = 1 AS truncated,
-               start_ns, end_ns
+               start_ns, end_ns, thread_cpu_ns, thread_runq_ns
         FROM {db}.trace_windows WHERE job = {{job:String}} AND window_id = {{w:String}}
         ORDER BY rank, updated_ns DESC LIMIT 1 BY rank
     """
@@ -83,6 +89,10 @@ def trace_window_ranks(store: Store, job: str, window_id: str) -> pd.DataFrame:
         return pd.DataFrame(columns=WINDOW_RANKS_COLUMNS)
     df["truncated"] = df["truncated"].astype(bool)
     df["start"], df["end"] = as_datetime(df["start_ns"]), as_datetime(df["end_ns"])
+    cpu, runq = df["thread_cpu_ns"].astype(float), df["thread_runq_ns"].astype(float)
+    known = (cpu >= 0) & (runq >= 0)
+    df["thread_cpu_s"] = (cpu / 1e9).where(known).round(3)
+    df["cpu_wait_share"] = (runq / (cpu + runq)).where(known & (cpu + runq > 0)).round(3)
     return df[WINDOW_RANKS_COLUMNS].reset_index(drop=True)
 
 

@@ -59,8 +59,9 @@ def decode_summary(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     """``(functions, window)`` of one ``summary`` body, validated: ``functions`` holds ``category``
     and ``name`` (call paths expanded to ``root;...;leaf``), :data:`SUMMARY_INT_COLUMNS`, ``n`` and
     ``window_ns``; ``window`` holds ``window_id``, ``status``, ``first_step``, ``last_step``,
-    ``start_ns``, ``end_ns``, ``events`` (events sent: the rows the window should have) and
-    ``truncated``. Raises WireError on any malformed part."""
+    ``start_ns``, ``end_ns``, ``events`` (events sent: the rows the window should have),
+    ``truncated``, and ``thread_cpu_ns`` and ``thread_runq_ns`` (:func:`thread_cpu`; -1 when the rank
+    does not send them). Raises WireError on any malformed part."""
     window_id = str_field(body.get("window_id"), "summary.window_id")
     if not isinstance(body.get("functions"), dict):
         raise bad_body("summary.functions must be a map of columns")
@@ -80,10 +81,11 @@ def decode_summary(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     truncated = body.get("truncated", False)
     if not isinstance(truncated, bool):
         raise bad_body(f"summary.truncated is {type(truncated).__name__}, expected bool")
+    cpu_ns, runq_ns = thread_cpu(body) or (-1, -1)
     window = {"window_id": window_id, "status": str_field(body.get("status", "done"), "summary.status"),
               "first_step": int_field(body.get("first_step", -1), "summary.first_step"),
               "last_step": int_field(body.get("last_step", -1), "summary.last_step"),
               "start_ns": start_ns, "end_ns": end_ns,
               "events": int_field(body.get("events_sent", body.get("events_total", 0)), "summary.events_sent"),
-              "truncated": truncated}
+              "truncated": truncated, "thread_cpu_ns": cpu_ns, "thread_runq_ns": runq_ns}
     return {"category": cats, "name": fnames, "n": n, "window_ns": window_ns, **cols}, window

@@ -220,7 +220,10 @@ def _trace_windows(now: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
         events += [{"job": HANG_JOB, "window_id": WINDOW_ID, "rank": rank, **e} for e in evs]
         windows.append({"job": HANG_JOB, "window_id": WINDOW_ID, "rank": rank, "status": "complete",
                         "first_step": 50, "last_step": 52, "start_ns": start, "end_ns": start + 300 * MS,
-                        "events": len(evs), "truncated": int(rank == 2), "updated_ns": start + S})
+                        "events": len(evs), "truncated": int(rank == 2), "updated_ns": start + S,
+                        # rank 3 runs a tracer that does not send its thread's CPU times (-1)
+                        "thread_cpu_ns": 200 * MS if rank < 3 else -1,
+                        "thread_runq_ns": 50 * MS * (rank + 1) if rank < 3 else -1})
         for cat, name, n, total, excl in (("python", PY_FUNCTION, 3, 105, 90), ("python", "backward", 3, 150, 150),
                                           ("kernel", "sm90_gemm", 3, 60, 60)):
             summaries.append({"job": HANG_JOB, "window_id": WINDOW_ID, "rank": rank, "category": cat, "name": name,
@@ -229,7 +232,7 @@ def _trace_windows(now: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
                               "window_ns": 300 * MS})
     windows.append({"job": HANG_JOB, "window_id": OLD_WINDOW_ID, "rank": 1, "status": "stopped", "first_step": 10,
                     "last_step": 11, "start_ns": now - 500 * S, "end_ns": now - 499 * S, "events": 0,
-                    "truncated": 0, "updated_ns": now - 499 * S})
+                    "truncated": 0, "updated_ns": now - 499 * S, "thread_cpu_ns": -1, "thread_runq_ns": -1})
     return windows, events, summaries
 
 

@@ -36,6 +36,8 @@ def test_trace_window_ranks_and_events(store):
     ranks = q.trace_window_ranks(store, sd.HANG_JOB, sd.WINDOW_ID)
     assert list(ranks.columns) == q.WINDOW_RANKS_COLUMNS
     assert list(ranks["rank"]) == [0, 1, 2, 3] and list(ranks["truncated"]) == [False, False, True, False]
+    assert list(ranks["thread_cpu_s"])[:3] == [0.2, 0.2, 0.2] and list(ranks["cpu_wait_share"])[:3] == [0.2, 0.333, 0.429]
+    assert ranks[["thread_cpu_s", "cpu_wait_share"]].iloc[3].isna().all()    # a rank that does not send them
     ev = q.trace_events(store, sd.HANG_JOB, sd.WINDOW_ID)
     assert list(ev.columns) == q.EVENT_COLUMNS and len(ev) == 96
     assert set(ev["category"]) == {"python", "cpu_op", "kernel", "collective"}

@@ -87,13 +87,15 @@ def test_window_covers_exactly_the_requested_steps(traced_job: tuple[Settings, S
 
     def windows() -> list[tuple]:
         return store.query_rows(
-            "SELECT rank, window_id, first_step, last_step, events, truncated FROM rankscope.trace_windows FINAL "
+            "SELECT rank, window_id, first_step, last_step, events, truncated, thread_cpu_ns, thread_runq_ns "
+            "FROM rankscope.trace_windows FINAL "
             "WHERE job = {job:String} AND startsWith(window_id, {rid:String}) ORDER BY rank",
             parameters={"job": job, "rid": request_id})
 
     rows = wait_until(lambda: len(windows()) == 2 and windows(), 120, "two trace_windows rows")
-    for _rank, _window_id, first, last, events, truncated in rows:
+    for _rank, _window_id, first, last, events, truncated, cpu_ns, runq_ns in rows:
         assert last - first + 1 == 3 and truncated == 0 and events > 0
+        assert cpu_ns > 0 and runq_ns >= 0      # the training thread's CPU time and wait over the window
     assert rows[0][2] == rows[1][2], "both ranks start at the same step"
     window_id = rows[0][1]
 

@@ -36,7 +36,8 @@ def test_chunks_decode_to_rows_and_summaries_round_trip():
     functions, window = decode_summary(summary_body(col, summarize(col, compact_paths=True), events_sent=sent,
                                                     truncated=False))
     assert window == {"window_id": "w-1", "status": "done", "first_step": 7, "last_step": 7, "start_ns": T0,
-                      "end_ns": T0 + 1000, "events": 3, "truncated": False}
+                      "end_ns": T0 + 1000, "events": 3, "truncated": False, "thread_cpu_ns": -1,
+                      "thread_runq_ns": -1}
     assert functions["n"] == len(functions["name"]) and "aten::mm" in functions["name"]
     assert functions["window_ns"] == 1000
 

@@ -59,3 +59,37 @@ def test_a_new_store_has_the_columns_and_the_migration_recorded(tmp_path: Path) 
         assert store.query_rows(f"SELECT version FROM {db}.schema_migrations FINAL WHERE version = 1") == [(1,)]
     finally:
         close_store(dsn)
+
+
+# trace_windows as schema.sql created it before 0004_trace_window_thread_cpu.
+OLD_TRACE_WINDOWS = """
+CREATE TABLE {db}.trace_windows
+(
+    job LowCardinality(String), window_id String, rank Int32, status LowCardinality(String), first_step Int64,
+    last_step Int64, start_ns Int64, end_ns Int64, events Int64, truncated UInt8, updated_ns Int64
+)
+ENGINE = ReplacingMergeTree(updated_ns) ORDER BY (job, window_id, rank)
+"""
+
+
+def test_trace_window_thread_cpu_migration_on_an_older_store(tmp_path: Path) -> None:
+    assert (4, "trace_window_thread_cpu") in [(v, n) for v, n, _ in migration_statements()]
+    dsn = f"chdb://{tmp_path / 'ch'}"
+    store = open_store(dsn, apply=False)
+    window = {"job": "j", "status": "complete", "first_step": 1, "last_step": 3, "start_ns": T0, "end_ns": T0 + 9,
+              "events": 5, "truncated": 0, "updated_ns": T0}
+    try:
+        db = store.database
+        store.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+        store.command(OLD_TRACE_WINDOWS.replace("{db}", db))
+        store.insert("trace_windows", [{**window, "window_id": "old", "rank": 0}])
+        apply_schema(store)
+        apply_schema(store)
+        assert store.query_rows(f"SELECT version FROM {db}.schema_migrations FINAL WHERE version = 4") == [(4,)]
+        store.insert("trace_windows", [{**window, "window_id": "new", "rank": 0, "thread_cpu_ns": 7,
+                                        "thread_runq_ns": 3}])
+        rows = store.query_rows(f"SELECT window_id, events, thread_cpu_ns, thread_runq_ns FROM {db}.trace_windows "
+                                "ORDER BY window_id")
+        assert rows == [("new", 5, 7, 3), ("old", 5, -1, -1)]
+    finally:
+        close_store(dsn)

@@ -197,7 +197,7 @@ def test_trace_and_summary_rows() -> None:
     window = summary_columns(decode(summary), fcols)
     assert window == {"job": "job-a", "window_id": "win-1", "rank": 1, "status": "done", "first_step": 40,
                       "last_step": 40, "start_ns": T0, "end_ns": T0 + 1000, "events": 6, "truncated": 0,
-                      "updated_ns": T0 + 3000}
+                      "updated_ns": T0 + 3000, "thread_cpu_ns": -1, "thread_runq_ns": -1}
     by_name = {n: i for i, n in enumerate(fcols.data["name"])}
     i = by_name["train.py(3): main;train.py(9): step"]
     assert (fcols.data["category"][i], fcols.data["count"][i], fcols.data["total_ns"][i],
@@ -228,6 +228,17 @@ def test_trace_and_summary_rows() -> None:
         bad = decode(summary)
         bad.body["functions"].update(spoil)
         with pytest.raises(InvalidMessage, match="summary.functions"):
+            summary_columns(bad, Columns(TABLE_COLUMNS["function_summaries"]))
+
+    # The training thread's CPU time and run-queue wait over the window, when the rank sends them.
+    timed = decode(summary)
+    timed.body["thread_cpu"] = [700, 300]
+    assert summary_columns(timed, Columns(TABLE_COLUMNS["function_summaries"])) == {
+        **window, "thread_cpu_ns": 700, "thread_runq_ns": 300}
+    for spoil in ([1], [-1, 2], ["a", 1], 5):
+        bad = decode(summary)
+        bad.body["thread_cpu"] = spoil
+        with pytest.raises(InvalidMessage, match="thread_cpu"):
             summary_columns(bad, Columns(TABLE_COLUMNS["function_summaries"]))
 
     # Summaries that spell every call path out (what ranks sent before compact paths) give the same rows.
@@ -282,7 +293,8 @@ def test_trace_and_summary_rows_insert_into_chdb(tmp_path: Path) -> None:
         db = store.database
         assert store.query_rows(f"SELECT name, attrs['op'], bytes FROM {db}.trace_events "
                                 "WHERE category = 'collective'") == [("gloo:all_reduce", "allreduce", 64)]
-        assert store.query_rows(f"SELECT events, truncated, first_step FROM {db}.trace_windows") == [(6, 0, 40)]
+        assert store.query_rows(f"SELECT events, truncated, first_step, thread_cpu_ns FROM {db}.trace_windows") == [
+            (6, 0, 40, -1)]
         assert int(store.query_rows(f"SELECT count() FROM {db}.function_summaries")[0][0]) == 6
     finally:
         close_store(dsn)
