@@ -25,6 +25,8 @@ from rankscope.cli.stack.ports import free_port
 from rankscope.config import Settings
 from rankscope.topics import all_topic_names
 
+pytest_plugins = ["tests.cpu_time"]
+
 # The client JIT only and one GC thread: a test broker's CPU roughly halves (README, RANKSCOPE_KAFKA_JVM_OPTS),
 # which the suite's other processes on the same two cores get instead.
 TEST_BROKER_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15", "--cpu-durations=15"]
 
 
 FAULT_DIRS = ("tests/integration", "tests/deploy")
@@ -80,6 +80,16 @@ def failures(path: Path) -> list[str]:
     return [s[:600] for s in summary.splitlines() if s.startswith(("FAILED ", "ERROR "))] if found else []
 
 
+def reap(proc: subprocess.Popen[bytes]) -> tuple[int, float] | None:
+    """``(exit code, CPU seconds)`` once the lane's pytest has ended, else None. The CPU is that of the
+    lane's whole process tree as far as it was reaped (pytest, its brokers, jobs, servers, browsers)."""
+    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    if pid == 0:
+        return None
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
 def run_lanes(lanes: tuple[Lane, ...] = LANES, report_every_s: float = 60.0) -> int:
     logs = Path(tempfile.mkdtemp(prefix="rankscope-lanes-"))
     t0 = time.monotonic()
@@ -92,13 +102,14 @@ def run_lanes(lanes: tuple[Lane, ...] = LANES, report_every_s: float = 60.0) -> 
                                              stderr=subprocess.STDOUT, preexec_fn=lower if lane.nice else None),
                             log)
     print(f"lanes {', '.join(procs)} started; their logs: {logs}", flush=True)
-    results: dict[str, tuple[int, float]] = {}
+    results: dict[str, tuple[int, float, float]] = {}
     next_report = t0 + report_every_s
     while len(results) < len(procs):
         for name, (proc, log) in procs.items():
-            if name not in results and proc.poll() is not None:
-                results[name] = (proc.returncode, time.monotonic() - t0)
-                print(f"\n===== lane {name}: exit {proc.returncode} after {results[name][1]:.0f} s =====", flush=True)
+            ended = reap(proc) if name not in results else None
+            if ended is not None:
+                results[name] = (ended[0], time.monotonic() - t0, ended[1])
+                print(f"\n===== lane {name}: exit {ended[0]} after {results[name][1]:.0f} s =====", flush=True)
                 sys.stdout.write(log.read_text(errors="replace"))
                 sys.stdout.flush()
         if time.monotonic() >= next_report and len(results) < len(procs):
@@ -108,13 +119,15 @@ def run_lanes(lanes: tuple[Lane, ...] = LANES, report_every_s: float = 60.0) -> 
         time.sleep(1.0)
     wall = time.monotonic() - t0
     print("\n===== lanes =====")
-    for name, (rc, at) in results.items():
-        print(f"{name:8s} exit {rc}  ended at {at:.0f} s  {last_line(procs[name][1])}")
+    for name, (rc, at, cpu) in results.items():
+        print(f"{name:8s} exit {rc}  ended at {at:.0f} s  {cpu:.0f} CPU-s  {last_line(procs[name][1])}")
     for name, (_, log) in procs.items():
         for line in failures(log):
             print(f"{name}: {line}")
-    print(f"whole suite: {wall:.0f} s ({wall / 60:.1f} min) of test time", flush=True)
-    return 0 if all(rc == 0 for rc, _ in results.values()) else 1
+    cpu = sum(c for _, _, c in results.values())
+    print(f"whole suite: {wall:.0f} s ({wall / 60:.1f} min) of test time, {cpu:.0f} CPU-s "
+          f"({cpu / wall:.2f} cores busy on average)", flush=True)
+    return 0 if all(rc == 0 for rc, _, _ in results.values()) else 1
 
 
 def main(argv: list[str]) -> int:
