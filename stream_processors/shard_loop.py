@@ -18,7 +18,8 @@ Contract:
   newest send time read before, until its ranks delivered again (:meth:`ShardStage.mark_reachable`):
   a broker lost is not a rank lost. When a broker the consumer was connected to is lost, the other
   partitions are held the same way from then: it is one of their in-sync replicas, and they stall
-  until the controller drops it.
+  until the controller drops it. Partitions assigned within the hold's bound after such a loss (the
+  group rebalances when its coordinator was on the lost broker) are held from what their rebuild read.
 - The profiles partitions of the same numbers (same key, job/rank) are read beside them, from
   PROFILE_LOOKBACK_S before the assignment, by a consumer of their own that commits nothing: only a
   rank's newest profile interval matters (stream_processors/profile_digest.py).
@@ -47,7 +48,7 @@ from rankscope.protocol.deadletter import DeadLetterCounter
 from rankscope.protocol.envelope import decode
 from rankscope.protocol.errors import WireError
 from rankscope.stream_processors.rebuild import rebuild_shards
-from rankscope.stream_processors.stages import STEPS_KINDS, EnvelopeEncoder, ShardStage
+from rankscope.stream_processors.stages import RECOVERY_FACTOR, STEPS_KINDS, EnvelopeEncoder, ShardStage
 from rankscope.topics import Topic
 
 log = logging.getLogger("rankscope.processors")
@@ -69,6 +70,7 @@ class ShardLoop:
         self.folded = 0
         self.assigned: set[int] = set()
         self._up_brokers: set[int] = set()   # the brokers connected at the last statistics
+        self._broker_lost_s: float | None = None   # when a connected broker was last lost
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._topic = Topic.STEPS.name_for(settings)
@@ -202,16 +204,30 @@ class ShardLoop:
             log.warning("brokers %s lost: steps partitions %s are judged at what was read from them until "
                         "their ranks deliver again", sorted(lost), sorted(stalled))
         self._up_brokers = up
-        self.stage.mark_reachable(down, self.clock.wall_ns() / 1e9, stalled)
+        now_s = self.clock.wall_ns() / 1e9
+        if lost:
+            self._broker_lost_s = now_s
+        self.stage.mark_reachable(down, now_s, stalled)
 
     # Rebalance callbacks (run inside consume(), on this thread) ---------------------------------
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         new = sorted({tp.partition for tp in partitions} - self.assigned)
         self.assigned |= set(new)
-        rebuilt = rebuild_shards(self.settings, new, self.clock.wall_ns() / 1e9)
+        now_s = self.clock.wall_ns() / 1e9
+        rebuilt = rebuild_shards(self.settings, new, now_s)
         self.stage.install(rebuilt)
         log.warning("assigned steps partitions %s (%d shard jobs rebuilt)", new, len(rebuilt))
+        if new and self.broker_lost_recently(now_s):
+            # The lost broker may still stall them: their ranks are judged at what the rebuild read.
+            log.warning("a broker was lost %.0f s ago: steps partitions %s are judged at what was read from "
+                        "them until their ranks deliver again", now_s - (self._broker_lost_s or now_s), new)
+            self.stage.mark_reachable(set(self.stage.unreachable), now_s, stalled=set(new))
         self._assign_profiles(new)
+
+    def broker_lost_recently(self, now_s: float) -> bool:
+        """Was a connected broker lost within the longest hold (RECOVERY_FACTOR x dead_after_s)?"""
+        return (self._broker_lost_s is not None
+                and now_s - self._broker_lost_s < RECOVERY_FACTOR * self.settings.dead_after_s)
 
     def _assign_profiles(self, partitions: list[int]) -> None:
         """Read the profiles partitions of these numbers from PROFILE_LOOKBACK_S ago."""

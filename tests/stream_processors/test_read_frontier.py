@@ -4,6 +4,8 @@ the summary; the job-wide dead-rank rule judges each rank at its shard's frontie
 
 from __future__ import annotations
 
+import pytest
+
 from rankscope.config import Settings
 from rankscope.protocol.envelope import Envelope, decode
 from rankscope.stream_processors.monitor import JobMonitor
@@ -236,3 +238,56 @@ def test_the_shard_loop_holds_every_partition_once_when_a_connected_broker_is_lo
     clock.advance(1.0)
     loop._on_stats(stats({1: "UP", 2: "TRY_CONNECT"}))      # still lost: the hold is not renewed
     assert loop.stage.recovering_until_s == held
+
+
+def test_partitions_assigned_soon_after_a_broker_loss_are_held_from_what_their_rebuild_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The group's coordinator was on the lost broker: the group rebalances, the holds go with the
+    revoked partitions, and the same partitions come back rebuilt while their ranks' producers still
+    wait on the lost replica. They are held again from what the rebuild read; long after the loss,
+    a new assignment is judged at the wall clock as usual."""
+    import json
+
+    from rankscope.clock import ManualClock
+    from rankscope.protocol.deadletter import DeadLetterCounter
+    from rankscope.stream_processors import shard_loop
+    from rankscope.stream_processors.shard_loop import ShardLoop
+
+    clock = ManualClock(T0 + 21)
+    loop = ShardLoop(S, "g", clock, DeadLetterCounter(), EnvelopeEncoder("w", 1))
+    monkeypatch.setattr(loop, "_assign_profiles", lambda partitions: None)
+    monkeypatch.setattr(loop.metrics, "forget_partitions", lambda *a: None)
+    monkeypatch.setattr(loop, "profiles_consumer", None, raising=False)
+
+    def rebuilt_from_kafka(settings: Settings, partitions: list[int], now_s: float) -> list:
+        other = ShardStage(S, EnvelopeEncoder("w", 1))       # what a rebuild reads: beats up to T0 + 20
+        for p in partitions:
+            feed(other, p, [p], until_s=T0 + 20)
+        return list(other.shards.values())
+    monkeypatch.setattr(shard_loop, "rebuild_shards", rebuilt_from_kafka)
+
+    class TP:
+        def __init__(self, p: int) -> None:
+            self.partition = p
+
+    loop._on_assign(None, [TP(0), TP(1)])
+    assert loop.stage.outage_from_s == {}                    # no broker lost: no hold
+    stats = {"brokers": {"h:1/1": {"nodeid": 1, "state": "UP"}, "h:2/2": {"nodeid": 2, "state": "UP"}},
+             "topics": {loop._topic: {"partitions": {"0": {"leader": 1}, "1": {"leader": 1}}}}}
+    loop._on_stats(json.dumps(stats))
+    stats["brokers"]["h:2/2"]["state"] = "DOWN"
+    loop._on_stats(json.dumps(stats))                       # broker 2 lost: both partitions held
+    assert set(loop.stage.outage_from_s) == {0, 1}
+
+    clock.advance(10.0)                                     # the group's session times out: revoked
+    loop._on_revoke(None, [TP(0), TP(1)])
+    assert loop.stage.outage_from_s == {}
+    loop._on_assign(None, [TP(0), TP(1)])                   # and assigned again, rebuilt
+    assert loop.stage.outage_from_s == {0: T0 + 20, 1: T0 + 20}
+    assert loop.stage.frontier_s(0, clock.wall_ns() / 1e9) == T0 + 20     # silence judged at the rebuild
+
+    loop._on_revoke(None, [TP(0), TP(1)])
+    clock.advance(RECOVERY_FACTOR * S.dead_after_s)        # long after the loss
+    loop._on_assign(None, [TP(0), TP(1)])
+    assert loop.stage.outage_from_s == {}
+    assert loop.stage.frontier_s(0, clock.wall_ns() / 1e9) == clock.wall_ns() / 1e9
