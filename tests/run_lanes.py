@@ -90,9 +90,22 @@ def reap(proc: subprocess.Popen[bytes]) -> tuple[int, float] | None:
     return proc.returncode, usage.ru_utime + usage.ru_stime
 
 
+def machine_cpu(stat: Path = Path("/proc/stat")) -> tuple[float, float]:
+    """``(busy, idle)`` CPU seconds of the whole machine since boot, all cores (``/proc/stat``'s ``cpu``
+    line; idle includes iowait). Unlike a lane's reaped tree it also counts processes that outlived
+    their parent (daemonised services) and everything else running beside the suite."""
+    fields = [int(v) for v in stat.read_text().splitlines()[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    # guest time is already counted in user time
+    busy = sum(fields[:8]) - idle
+    return busy / tick, idle / tick
+
+
 def run_lanes(lanes: tuple[Lane, ...] = LANES, report_every_s: float = 60.0) -> int:
     logs = Path(tempfile.mkdtemp(prefix="rankscope-lanes-"))
     t0 = time.monotonic()
+    busy0, idle0 = machine_cpu()
     procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
     for lane in lanes:
         log = logs / f"{lane.name}.log"
@@ -125,8 +138,11 @@ def run_lanes(lanes: tuple[Lane, ...] = LANES, report_every_s: float = 60.0) -> 
         for line in failures(log):
             print(f"{name}: {line}")
     cpu = sum(c for _, _, c in results.values())
-    print(f"whole suite: {wall:.0f} s ({wall / 60:.1f} min) of test time, {cpu:.0f} CPU-s "
-          f"({cpu / wall:.2f} cores busy on average)", flush=True)
+    busy1, idle1 = machine_cpu()
+    busy, idle = busy1 - busy0, idle1 - idle0
+    print(f"whole suite: {wall:.0f} s ({wall / 60:.1f} min) of test time, {cpu:.0f} CPU-s in the lanes' "
+          f"reaped processes ({cpu / wall:.2f} cores busy on average); the machine: {busy:.0f} CPU-s busy, "
+          f"{idle:.0f} idle ({idle / max(busy + idle, 1e-9):.0%})", flush=True)
     return 0 if all(rc == 0 for rc, _, _ in results.values()) else 1
 
 

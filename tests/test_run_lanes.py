@@ -68,3 +68,18 @@ def test_the_cpu_plugin_lists_the_tests_that_cost_most(tmp_path: Path) -> None:
     head = next(i for i, line in enumerate(lines) if "most CPU: 1 tests of 2" in line)
     cost, _, nodeid = lines[head + 1].strip().partition(" CPU-s  ")
     assert nodeid.endswith("test_two.py::test_burns_in_a_child") and float(cost) >= 0.3, lines[head:head + 2]
+
+
+def test_the_machines_cpu_is_read_from_proc_stat(tmp_path: Path) -> None:
+    import os
+
+    from run_lanes import machine_cpu
+
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 20 30 400 50 1 2 3 7 0\ncpu0 50 10 15 200 25 0 1 1 0 0\n")
+    tick = os.sysconf("SC_CLK_TCK")
+    busy, idle = machine_cpu(stat)
+    assert busy == (100 + 20 + 30 + 1 + 2 + 3) / tick and idle == (400 + 50) / tick
+    real_busy, real_idle = machine_cpu()
+    assert real_busy > 0 and real_idle >= 0
