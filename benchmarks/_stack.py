@@ -21,12 +21,16 @@ WARMUP_WINDOW_TRAFFIC_S = 45.0
 
 
 @contextlib.contextmanager
-def local_stack(processors: bool = True) -> Iterator[Settings]:
+def local_stack(processors: bool = True, bootstrap: str = "") -> Iterator[Settings]:
+    """A throw-away broker (or, with ``bootstrap``, that broker), fresh topics and optionally a
+    processors worker; yields their settings."""
     data = tempfile.mkdtemp(prefix="rankscope-bench-")
     settings = Settings.from_env(data_dir=data, kafka_port=free_port(), kafka_controller_port=free_port(),
-                                 topic_prefix=f"b{uuid.uuid4().hex[:6]}.", bootstrap_servers="", clickhouse_dsn="")
-    broker = LocalBroker(settings)
-    broker.start(timeout_s=120)
+                                 topic_prefix=f"b{uuid.uuid4().hex[:6]}.", bootstrap_servers=bootstrap,
+                                 clickhouse_dsn="")
+    broker = None if bootstrap else LocalBroker(settings)
+    if broker is not None:
+        broker.start(timeout_s=120)
     ensure_topics(settings, timeout_s=60)
     proc = None
     if processors:
@@ -38,7 +42,8 @@ def local_stack(processors: bool = True) -> Iterator[Settings]:
         if proc is not None:
             proc.terminate()
             proc.wait(30)
-        broker.stop()
+        if broker is not None:
+            broker.stop()
 
 
 def warm_broker(settings: Settings, requests: int = WARMUP_REQUESTS, sample: int = 1000,

@@ -478,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
                       "DIR/messages.msgpack (for a GPU machine with no Kafka or ClickHouse)")
     mode.add_argument("--replay", metavar="DIR", help="send a --record run's messages through a real broker, "
                       "sink and chDB store here, and report what was stored")
+    p.add_argument("--bootstrap", default="", metavar="HOST:PORT",
+                   help="use this broker (fresh topics) instead of a throw-away local one")
     p.add_argument("--out", default=None, help="JSON result file (default benchmarks/results/gpu_check.json; "
                    "with --cpu a temp file)")
     args = p.parse_args(argv)
@@ -488,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or (Path(tempfile.gettempdir()) / "gpu_check_cpu.json" if args.cpu
                             else RESULTS / "gpu_check.json"))
     if args.replay:
-        return _replay_main(Path(args.replay), out)
+        return _replay_main(Path(args.replay), out, args.bootstrap)
 
     import torch
 
@@ -534,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks._stack import local_stack
 
-    with local_stack(processors=False) as settings:
+    with local_stack(processors=False, bootstrap=args.bootstrap) as settings:
         holder: dict[str, Any] = {}
 
         def feed() -> dict[str, Any]:
@@ -553,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     return _finish(result, _verdict(result, device, args.steps, stored=True), out)
 
 
-def _replay_main(folder: Path, out: Path) -> int:
+def _replay_main(folder: Path, out: Path, bootstrap: str = "") -> int:
     """``--replay``: a recorded run's messages through the broker, sink and store here."""
     import clickhouse_connect  # noqa: F401
     import msgpack
@@ -566,7 +568,7 @@ def _replay_main(folder: Path, out: Path) -> int:
     messages = [(str(t), bytes(k), bytes(v)) for t, k, v in msgpack.unpackb((folder / "messages.msgpack").read_bytes())]
     print(f"gpu_check --replay: {len(messages)} messages of job {rank['job']} recorded on {rank['device']} "
           f"({rank.get('gpu') or 'no GPU'}, torch {rank['torch']})")
-    with local_stack(processors=False) as settings:
+    with local_stack(processors=False, bootstrap=bootstrap) as settings:
         stored = _with_store(settings, rank["job"], rank["steps"], bool(rank["train"]["window"].get("requested")),
                              lambda: _replay(settings, messages))
     result = {**rank, **stored, "recorded_on": rank["device"]}

@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="go on past --steps until this many seconds have passed (the ranks agree on the last step)")
     p.add_argument("--size", type=int, default=192, help="matrix size of the per-step compute")
     p.add_argument("--matmuls", type=int, default=20, help="matmuls per step on a normal rank")
+    p.add_argument("--wait-ms", type=float, default=0.0,
+                   help="each step also waits this long after its compute, as a step waits on its device")
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-factor", type=float, default=4.0)
     p.add_argument("--slow-from-step", type=int, default=0)
@@ -54,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps <= 0:
         p.error(f"--steps must be > 0, got {args.steps}")
+    if args.wait_ms < 0:
+        p.error(f"--wait-ms must be >= 0, got {args.wait_ms}")
     if args.min_seconds < 0:
         p.error(f"--min-seconds must be >= 0, got {args.min_seconds}")
     if args.min_seconds and args.ddp:
@@ -152,10 +156,14 @@ def main(argv: list[str] | None = None) -> int:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if args.wait_ms:
+                time.sleep(args.wait_ms / 1000)
         else:
             y = compute(x0, w, args.matmuls)
             if rank == args.slow_rank and step >= args.slow_from_step:
                 y = slow_extra_compute(y, w, extra)
+            if args.wait_ms:
+                time.sleep(args.wait_ms / 1000)
             t = y.sum().reshape(1)
             if args.min_seconds:
                 # [1]: how many ranks have done --steps and --min-seconds; the sum is the same on

@@ -320,10 +320,11 @@ def test_every_panel_query_returns_rows_from_a_real_job(kafka_settings: Settings
     with processors_and_sink(kafka_settings, tmp_path, {}) as (settings, store):
         send_gpu_samples(settings, job)
         # As tests/integration/test_end_to_end.py plants them: rank 1 runs 4x the compute (a
-        # slow_rank alert with lost rank-seconds) and rank 3 hangs 60 s in (an open hang incident):
-        # late enough for the slow_rank alert, named 15-40 s in on these cores, to count steps lost.
+        # slow_rank alert with lost rank-seconds) and rank 3 hangs (an open hang incident), planted once
+        # the slow_rank alert has counted steps lost.
+        hang_file = tmp_path / "plant-the-hang"
         proc = start_job(settings, job, log, "--steps", "100000", "--slow-rank", "1", "--slow-factor", "4",
-                         "--hang-rank", "3", "--hang-after-s", "60")
+                         "--hang-rank", "3", "--hang-when-file", str(hang_file))
         try:
             def latest() -> dict[str, tuple[str, float]]:
                 rows = store.query_rows(
@@ -331,14 +332,18 @@ def test_every_panel_query_returns_rows_from_a_real_job(kafka_settings: Settings
                     "WHERE job = {job:String} ORDER BY version DESC LIMIT 1 BY alert_id)", parameters={"job": job})
                 return {str(k): (str(s), float(lost)) for k, s, lost in rows}
 
+            def slow_lost() -> bool:
+                return latest().get("slow_rank", ("", 0.0))[1] > 0
+
             def ready() -> dict[str, tuple[str, float]] | None:
                 got = latest()
                 hang_open = got.get("hang", ("resolved", 0))[0] != "resolved"
                 gpu = store.query_rows("SELECT count() FROM rankscope.hw_samples WHERE device >= 0")[0][0]
-                slow_lost = got.get("slow_rank", ("", 0.0))[1] > 0
-                return got if hang_open and slow_lost and gpu else None
+                return got if hang_open and got.get("slow_rank", ("", 0.0))[1] > 0 and gpu else None
 
             try:
+                wait_until(slow_lost, 360, "a slow_rank alert with lost rank-seconds in the store")
+                hang_file.touch()
                 wait_until(ready, 360, "an open hang, a slow_rank alert with lost rank-seconds and the GPU samples "
                            "in the store")
             except AssertionError as e:

@@ -29,15 +29,17 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
         data_dir=str(tmp_path / "demo"), dashboard_port=free_port(), clickhouse_dsn="")
     env = child_env(settings)
     job = f"demo-{uuid.uuid4().hex[:6]}"
-    # The hang comes late enough for the checks of the slow rank to see it step: 160 s in (the demo
-    # job made 8-65 steps/s on the same 2 cores). The window is requested right after the profile check,
-    # so that it runs before the hang (a window requested of a hung job never ends); that check took
-    # up to 92 s on a slow draw, and a hang 100 s in then came before the window's start step.
-    cmd = [sys.executable, "-m", "rankscope", "demo", "--job", job, "--hang-at-step", "-1", "--hang-after-s", "160"]
+    # The hang is planted once the checks of the slow rank are done (`touch` of the file the demo's
+    # --hang-when-file names), as a user would: a fixed time in would be too soon on a slow draw (the
+    # trace window requested of the running job must start before the hang: a window requested of a
+    # hung job never ends) and idle compute on a fast one.
+    hang_file = tmp_path / "plant-the-hang"
+    cmd = [sys.executable, "-m", "rankscope", "demo", "--job", job, "--hang-when-file", str(hang_file)]
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout + out.stderr
         assert f"http://127.0.0.1:{settings.dashboard_port}" in out.stdout
+        assert f"rank 3 hangs once {hang_file} exists" in out.stdout, out.stdout
         logs = Path(settings.data_dir) / "logs"
         base = f"http://127.0.0.1:{settings.dashboard_port}"
         with launch_browser() as page:
@@ -57,6 +59,7 @@ def test_demo_shows_slow_rank_and_hang(kafka_settings: Settings, tmp_path: Path)
                 screenshot(page, "demo_job_slow")
                 the_alert_says_where_its_time_goes(page)
                 find_report(page, base, job, request_id)
+                hang_file.touch()
                 page.goto(f"{base}/job?job={job}")
                 wait_for_text(page, "hang_forever", 240)
                 page.wait_for_function(  # the ranks table shows both states

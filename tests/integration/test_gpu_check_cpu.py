@@ -11,14 +11,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from rankscope.config import Settings
+
+pytestmark = pytest.mark.kafka
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_gpu_check_runs_the_whole_pipeline_on_the_cpu(tmp_path: Path):
+def test_gpu_check_runs_the_whole_pipeline_on_the_cpu(kafka_settings: Settings, tmp_path: Path):
     out = tmp_path / "gpu_check.json"
-    # The script makes its own throw-away stack; only the cache (Kafka jars, C++ reader) is shared.
+    # The script runs on the session's broker (its own topics) as on a GPU machine it runs on a
+    # throw-away one; only the cache (Kafka jars, C++ reader) is shared.
     env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_") or k == "RANKSCOPE_CACHE_DIR"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", "--steps", "80", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", "--steps", "80", "--out", str(out),
+                           "--bootstrap", kafka_settings.bootstrap],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -37,7 +45,7 @@ def test_gpu_check_runs_the_whole_pipeline_on_the_cpu(tmp_path: Path):
     assert len(result["fr_dumps"]) == 1 and result["fr_dumps"][0][1] > 100
 
 
-def test_a_recorded_h200_run_replays_through_the_real_pipeline(tmp_path: Path):
+def test_a_recorded_h200_run_replays_through_the_real_pipeline(kafka_settings: Settings, tmp_path: Path):
     """A real GPU rank's messages (one NCCL rank on an H200, torch 2.11, recorded with ``--record`` on a
     lent GPU machine) through a real broker, the sink and chDB here: GPU and GPM samples, the NCCL
     collectives with device durations, the NCCL Flight Recorder dump, and a trace window with kernels,
@@ -45,7 +53,8 @@ def test_a_recorded_h200_run_replays_through_the_real_pipeline(tmp_path: Path):
     out = tmp_path / "replay.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_") or k == "RANKSCOPE_CACHE_DIR"}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--replay",
-                           str(ROOT / "tests" / "data" / "gpu_check_h200_torch211"), "--out", str(out)],
+                           str(ROOT / "tests" / "data" / "gpu_check_h200_torch211"), "--out", str(out),
+                           "--bootstrap", kafka_settings.bootstrap],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())

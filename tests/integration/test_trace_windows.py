@@ -51,7 +51,9 @@ def traced_job(kafka_settings: Settings, tmp_path_factory: pytest.TempPathFactor
     thread.start()
     job = f"tw-{uuid.uuid4().hex[:6]}"
     log = work / "job.log"
-    proc = start_job(settings, job, log, "--steps", "100000", nproc=2)
+    # Each step waits 30 ms as on a device: the windows need steps, not a job that takes the cores
+    # from the other lanes for the whole module.
+    proc = start_job(settings, job, log, "--steps", "100000", "--wait-ms", "30", nproc=2)
     try:
         wait_until(lambda: rankscope(settings, "trace", "--job", "nope-job", "--steps", "1", "--timeout", "1").returncode == 2
                    and job_known(settings, job), 180, f"processors to publish stats for {job}")
@@ -233,7 +235,8 @@ def test_a_window_asked_of_a_hung_job_says_why_it_does_not_start(traced_job: tup
     settings, _, _, work = traced_job
     job = f"twh-{uuid.uuid4().hex[:6]}"
     log = work / f"{job}.log"
-    proc = start_job(settings, job, log, "--steps", "100000", "--hang-rank", "1", "--hang-after-s", "3", nproc=2)
+    proc = start_job(settings, job, log, "--steps", "100000", "--hang-rank", "1", "--hang-after-s", "3",
+                     "--wait-ms", "30", nproc=2)
     try:
         at = wait_until(lambda: re.search(r"rank 1: hanging at step (\d+)", log.read_text(errors="replace")), 240,
                         "rank 1 to hang")
