@@ -1,6 +1,6 @@
-"""Run the whole suite as four pytest processes side by side, so `make test` uses both cores.
+"""Run the whole suite as three pytest processes side by side, so `make test` uses both cores.
 
-    python tests/run_lanes.py              # the four lanes
+    python tests/run_lanes.py              # the three lanes
     python tests/run_lanes.py ARGS...      # one plain pytest run with ARGS (a file, -k, -m ...)
 
 The suite's time is mostly integration scenarios that wait (a hang to be named, a restart to
@@ -18,12 +18,9 @@ rebuild its state) while a job or a load generator runs. The lanes are:
   other lanes' jobs is a slow rank to the rule), so the jobs lane gets the cores first.
   ``fault_lane`` is for tests under tests/integration and tests/deploy only
   (tests/test_run_lanes.py checks it), the folders this lane runs.
-- ``units`` and ``units2``: everything else (unit, store, dashboard and browser tests), split by
-  folder (``UNIT_DIRS`` and the rest). CPU-bound and with no timing of their own, at lower priority
-  (nice 10, as the faults lane), so they take the cores the other lanes leave idle instead of slowing
-  the jobs they judge. They are two lanes because the cores fall idle in short gaps (a job starting,
-  a test waiting for a broker or a browser) that one pytest process, running one test at a time,
-  cannot fill: as one lane they finished minutes after the others, the machine 7% idle.
+- ``units``: everything else (unit, store, dashboard and browser tests). CPU-bound and with no
+  timing of their own, at lower priority (nice 10, as the faults lane), so they take the cores the other lanes leave
+  idle instead of slowing the jobs they judge.
 
 Each lane is its own pytest session with its own broker (tests/conftest.py) and its own topics
 and stores, so no lane sees another's messages. Each lane's output is printed whole when it ends;
@@ -46,9 +43,6 @@ PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--dur
 
 
 FAULT_DIRS = ("tests/integration", "tests/deploy")
-# The unit tests run in two lanes: ``units`` the folders below, ``units2`` the rest of tests/ (alone
-# here, 2026-12-07: 338 s and 340 s of test time).
-UNIT_DIRS = ("tests/benchmarks_loadgen", "tests/dashboard", "tests/offline", "tests/stream_processors")
 
 
 @dataclass(frozen=True)
@@ -61,8 +55,7 @@ class Lane:
 LANES = (
     Lane("jobs", ("-m", "torchrun and not fault_lane", "tests")),
     Lane("faults", ("-m", "not torchrun or fault_lane", *FAULT_DIRS), nice=10),
-    Lane("units", ("-m", "not torchrun", *UNIT_DIRS), nice=10),
-    Lane("units2", ("-m", "not torchrun", "tests", *(f"--ignore={d}" for d in (*FAULT_DIRS, *UNIT_DIRS))), nice=10),
+    Lane("units", ("-m", "not torchrun", "tests", *(f"--ignore={d}" for d in FAULT_DIRS)), nice=10),
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from run_lanes import FAULT_DIRS, LANES, UNIT_DIRS, failures
+from run_lanes import FAULT_DIRS, failures
 
 TESTS = Path(__file__).resolve().parent
 
@@ -16,17 +16,6 @@ def test_fault_lane_marks_only_tests_the_faults_lane_runs() -> None:
     assert marked, "no test is marked fault_lane: the check sees nothing"
     assert [m for m in marked if not m.startswith(FAULT_DIRS)] == []
 
-
-
-def test_every_test_folder_is_in_one_lane_of_the_non_torchrun_tests() -> None:
-    folders = {"/".join(p.relative_to(TESTS.parent).parts[:2]) for p in TESTS.rglob("test_*.py")}
-    args = {lane.name: lane.args for lane in LANES}
-    assert set(UNIT_DIRS) <= folders and not set(UNIT_DIRS) & set(FAULT_DIRS)
-    # The faults lane and the first unit lane name their folders; the second runs tests/ without them.
-    assert [a for a in args["faults"] if a.startswith("tests/")] == list(FAULT_DIRS)
-    assert [a for a in args["units"] if a.startswith("tests/")] == list(UNIT_DIRS)
-    ignored = [a.removeprefix("--ignore=") for a in args["units2"] if a.startswith("--ignore=")]
-    assert "tests" in args["units2"] and sorted(ignored) == sorted((*FAULT_DIRS, *UNIT_DIRS))
 
 
 def test_a_lanes_failures_are_its_short_summary_lines(tmp_path: Path) -> None:
