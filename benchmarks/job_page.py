@@ -55,7 +55,8 @@ RUNS = 5
 VIEWPORT = {"width": 1440, "height": 1000}
 
 # Each part of the Job page: texts that must be visible (regular expressions over the page's
-# visible text), how many drawn charts (Vega canvases or SVGs taller than 20 px) must be on it, and
+# visible text), how many drawn charts (Vega canvases or SVGs, or the server-drawn SVGs of
+# dashboard/svg_charts.py, taller than 20 px) must be on it, and
 # whether the ranks' data grid must have drawn. Only what every version of the page shows, so that
 # an older checkout (``--app``) is timed by the same rule.
 JOB_PARTS: dict[str, dict[str, Any]] = {
@@ -76,7 +77,9 @@ async ({parts, timeoutMs}) => {
   const drawn = () => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
       .filter(c => c.offsetParent !== null)
       .filter(c => [...c.querySelectorAll('canvas, svg.marks')].some(e => e.getBoundingClientRect().height > 20))
-      .length;
+      .length
+    + [...document.querySelectorAll('iframe')].flatMap(f => { try { return [...f.contentDocument.querySelectorAll('svg.rs-heatmap, svg.rs-flame')] } catch (e) { return [] } })
+      .filter(e => e.getBoundingClientRect().height > 20).length;
   const grid = () => [...document.querySelectorAll('[data-testid="stDataFrame"] canvas')]
       .some(e => e.getBoundingClientRect().height > 20);
   while (performance.now() < timeoutMs) {

@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from rankscope.config import Settings
-from rankscope.dashboard import profile_panel, queries, ui
+from rankscope.dashboard import profile_panel, queries, svg_charts, ui
 from rankscope.rank_states import RANK_STATES, RUNNING
 
 TABLE_MAX_RANKS = queries.HEATMAP_MIN_RANKS   # a plain table up to here, a scrolling data grid above
@@ -109,22 +109,14 @@ def step_charts(cfg: Settings, job: str, world: int) -> None:
             if tab.open is False:
                 continue
             with tab:
-                if binned:
-                    worst = "slowest" if queries.HEATMAP_WORST[metric] == "max" else "shortest-waiting"
-                    data = frame[["rank", "step", "ranks", metric, f"worst_{metric}"]].rename(
-                        columns={f"worst_{metric}": "worst_rank"})
-                    tooltip = [alt.Tooltip("ranks:N", title="ranks"), "step",
-                               alt.Tooltip("worst_rank:Q", title=f"{worst} rank"), metric]
-                    y = alt.Y("rank:O", title="ranks (first of each bin)", axis=alt.Axis(labelOverlap=True))
-                else:
-                    data = frame[["rank", "step", metric]]
-                    tooltip = ["rank", "step", metric]
-                    y = alt.Y("rank:O", title="rank")
-                chart = alt.Chart(data).mark_rect().encode(
-                    x=alt.X("step:O", title="step"), y=y,
-                    color=alt.Color(f"{metric}:Q", title=title, scale=alt.Scale(scheme="inferno")),
-                    tooltip=tooltip)
-                st.altair_chart(chart.properties(height=min(900, 4 * max(rows, 1) + 60)), width="stretch")
+                if frame.empty:
+                    st.caption("No steps recorded yet.")
+                    continue
+                worst = "slowest" if queries.HEATMAP_WORST[metric] == "max" else "shortest-waiting"
+                svg_charts.show(svg_charts.heatmap_svg(
+                    frame, metric, title, row_label="ranks" if binned else "rank",
+                    row_names="ranks" if binned else None, worst=f"worst_{metric}" if binned else None,
+                    worst_title=f"{worst} rank"))
                 if binned:
                     st.caption(f"{world:,} ranks in {rows} bins; each cell shows its bin's {worst} rank "
                                "(named in the tooltip), so one slow rank colours its bin.")

@@ -33,3 +33,9 @@ def page_text(at: AppTest) -> str:
 def stacks(at: Any) -> list[str]:
     """The stacks a page shows (rankscope.dashboard.ui.stack_markdown: one code span per frame)."""
     return [m.value for m in at.markdown if m.value.startswith("`` ")]
+
+
+def drawn_svgs(at: AppTest, kind: str) -> list[str]:
+    """The server-drawn SVG charts of one kind on a page (rankscope.dashboard.svg_charts: ``heatmap``
+    or ``flame``), as the frames that show them hold them."""
+    return [e.proto.srcdoc for e in at.get("iframe") if f'class="rs-{kind}"' in e.proto.srcdoc]

@@ -11,7 +11,7 @@ import json
 import pandas as pd
 import pytest
 import sample_data as sd
-from pagetest import open_page, page_text, stacks
+from pagetest import drawn_svgs, open_page, page_text, stacks
 
 from rankscope.dashboard import queries as q
 from rankscope.dashboard import ui
@@ -220,6 +220,8 @@ def test_job_page_large_job_uses_heatmap_and_dataframe(app_env, monkeypatch):
     ranks = at.dataframe[0].value
     assert list(ranks["state"]) == ["running", "slow", "running", "hung"]
     assert ":red-badge[hung] rank 3" in page_text(at)
+    heat = drawn_svgs(at, "heatmap")    # only the open tab's heatmap is drawn: busy time
+    assert len(heat) == 1 and "<title>rank 3 · step " in heat[0] and "busy ms" in heat[0], heat
 
 
 def test_job_page_picker_follows_query_param(app_env):

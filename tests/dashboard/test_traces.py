@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import sample_data as sd
-from pagetest import open_page, page_text
+from pagetest import drawn_svgs, open_page, page_text
 
 from rankscope.dashboard import control, flame
 from rankscope.dashboard import queries as q
@@ -170,7 +170,7 @@ def test_traces_page_lists_windows_and_draws_flame(app_env):
     assert "96 events from 4 rank(s)" in text and "Some ranks were truncated" in text
     dl = at.get("download_button")
     assert len(dl) == 1 and not dl[0].proto.disabled
-    assert len(at.get("vega_lite_chart")) == 1 and "5 frames" in text
+    assert len(drawn_svgs(at, "flame")) == 1 and "5 frames" in text
     at.selectbox(key="flame_rank").select(3).run()
     assert not at.exception and "5 frames" in page_text(at)
     at.selectbox(key="trace_window_pick").select(sd.OLD_WINDOW_ID).run()
