@@ -55,9 +55,8 @@ RUNS = 5
 VIEWPORT = {"width": 1440, "height": 1000}
 
 # Each part of the Job page: texts that must be visible (regular expressions over the page's
-# visible text), how many drawn charts (Vega canvases or SVGs, or the server-drawn SVGs of
-# dashboard/svg_charts.py, taller than 20 px) must be on it, and
-# whether the ranks' data grid must have drawn. Only what every version of the page shows, so that
+# visible text), how many drawn charts (:data:`CHARTS_JS`) must be on it, and whether the ranks'
+# data grid must have drawn. Only what every version of the page shows, so that
 # an older checkout (``--app``) is timed by the same rule.
 JOB_PARTS: dict[str, dict[str, Any]] = {
     "summary": {"texts": [rf"hung\s*rank {big.HUNG_RANK}\b", rf"slow\s*rank {big.SLOW_RANK}\b"]},
@@ -71,15 +70,24 @@ FLEET_PARTS: dict[str, dict[str, Any]] = {
     "gpu_chart": {"texts": ["GPU utilisation"], "charts": 1},
 }
 
+#: The charts of a page: ``present``, its visible Vega-Lite charts and the SVGs the server draws
+#: (dashboard/svg_charts.py, each in a frame of its own); ``drawn``, those of them drawn (a canvas or
+#: svg taller than 20 px). The browser tests wait on the same count (tests/dashboard/browser.py).
+CHARTS_JS = """() => {
+  const tall = e => e.getBoundingClientRect().height > 20;
+  const vega = [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].filter(c => c.offsetParent !== null);
+  const svgs = [...document.querySelectorAll('iframe')].flatMap(f => {
+    try { return [...f.contentDocument.querySelectorAll('svg.rs-heatmap, svg.rs-flame')]; } catch (e) { return []; }
+  });
+  return {present: vega.length + svgs.length,
+          drawn: vega.filter(c => [...c.querySelectorAll('canvas, svg.marks')].some(tall)).length
+                 + svgs.filter(tall).length};
+}"""
+
 _POLL_JS = """
 async ({parts, timeoutMs}) => {
   const seen = {};
-  const drawn = () => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
-      .filter(c => c.offsetParent !== null)
-      .filter(c => [...c.querySelectorAll('canvas, svg.marks')].some(e => e.getBoundingClientRect().height > 20))
-      .length
-    + [...document.querySelectorAll('iframe')].flatMap(f => { try { return [...f.contentDocument.querySelectorAll('svg.rs-heatmap, svg.rs-flame')] } catch (e) { return [] } })
-      .filter(e => e.getBoundingClientRect().height > 20).length;
+  const drawn = () => (""" + CHARTS_JS + """)().drawn;
   const grid = () => [...document.querySelectorAll('[data-testid="stDataFrame"] canvas')]
       .some(e => e.getBoundingClientRect().height > 20);
   while (performance.now() < timeoutMs) {

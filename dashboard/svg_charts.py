@@ -95,11 +95,11 @@ def heatmap_svg(frame: pd.DataFrame, value: str, title: str, row_label: str = "r
     out = [f'<svg class="rs-heatmap" xmlns="http://www.w3.org/2000/svg" width="100%" height="{base + legend}" '
            f'{FONT} role="img" aria-label="{escape(title)}">']
     names = frame[row_names] if row_names else frame["rank"]
-    worsts = frame[worst] if worst else None
-    for i, (r, s, v, name) in enumerate(zip(frame["rank"], frame["step"], values, names, strict=True)):
+    worsts = frame[worst] if worst else [None] * len(frame)
+    for r, s, v, name, w in zip(frame["rank"], frame["step"], values, names, worsts, strict=True):
         tip = f"{row_label} {name} · step {int(s)} · {title} {'n/a' if math.isnan(v) else _num(v)}"
-        if worsts is not None:
-            tip += f" · {worst_title} {int(worsts.iloc[i])}"
+        if w is not None:
+            tip += f" · {worst_title} {int(w)}"
         out.append(f'<rect x="{_pct(left + col_of[int(s)] * cell_w)}" y="{top + row_of[int(r)] * cell_h}" '
                    f'width="{_pct(cell_w * 1.02)}" height="{cell_h}" fill="{ramp(INFERNO, (v - lo) / span)}">'
                    f'<title>{escape(tip)}</title></rect>')

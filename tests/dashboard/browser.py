@@ -7,7 +7,6 @@ delay. A missing browser raises, so browser tests fail rather than skip.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -15,9 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-CHROMIUM = os.environ.get("RANKSCOPE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+from benchmarks.job_page import CHARTS_JS, CHROMIUM, CHROMIUM_ARGS
+
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 
@@ -65,31 +63,18 @@ def wait_for_text(page: Any, text: str | re.Pattern[str], timeout_s: float = 30.
         time.sleep(0.25)
 
 
-#: The drawn charts of a page: its Vega-Lite charts that have drawn (a sized canvas or svg) and the
-#: SVGs the server draws (rankscope.dashboard.svg_charts), each in a frame of its own; null while a
-#: Vega-Lite chart has not drawn yet.
-CHARTS_JS = """() => {
-    const vega = [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].filter(c => c.offsetParent !== null);
-    if (!vega.every(c => [...c.querySelectorAll('canvas, svg.marks')].some(e => e.getBoundingClientRect().height > 20)))
-        return null;
-    const svgs = [...document.querySelectorAll('iframe')].flatMap(f => {
-        try { return [...f.contentDocument.querySelectorAll('svg.rs-heatmap, svg.rs-flame')]; } catch (e) { return []; }
-    }).filter(e => e.getBoundingClientRect().height > 20);
-    return vega.length + svgs.length;
-}"""
-
-
 def wait_for_charts(page: Any, timeout_s: float = 30.0, at_least: int = 1) -> int:
-    """Wait until at least ``at_least`` charts are on the page and every one has drawn
-    (:data:`CHARTS_JS`); return the count.
+    """Wait until at least ``at_least`` charts are on the page and every one has drawn (Vega-Lite
+    charts and the server's SVGs, counted as the Job page benchmark counts them:
+    :data:`benchmarks.job_page.CHARTS_JS`); return the count.
 
     Charts draw asynchronously after their element appears, so a capture taken on text alone can
     show empty chart slots; and a page's later charts arrive after its earlier text, so a count taken
     as soon as the charts present have drawn can miss them.
     """
-    page.wait_for_function(f"(atLeast) => {{ const n = ({CHARTS_JS})(); return n !== null && n >= atLeast; }}",
-                           arg=at_least, timeout=timeout_s * 1000)
-    return int(page.evaluate(CHARTS_JS) or 0)
+    page.wait_for_function(f"(atLeast) => {{ const c = ({CHARTS_JS})(); return c.present >= atLeast && "
+                           "c.drawn === c.present; }", arg=at_least, timeout=timeout_s * 1000)
+    return int(page.evaluate(CHARTS_JS)["drawn"])
 
 
 def screenshot(page: Any, name: str, full_page: bool = True) -> Path:
