@@ -11,17 +11,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rankscope.storage.serve import TOOLBAR_MODE
+from rankscope.storage.serve import FIXED_OPTIONS, option_flags
 
 START_TIMEOUT_S = 120.0
 
 
 def streamlit_cmd(port: int, script: str | Path = "dashboard/app.py") -> list[str]:
-    """``script`` (the dashboard app alone, no sink) on loopback ``port``, with the toolbar
-    ``rankscope serve`` sets."""
-    return [sys.executable, "-m", "streamlit", "run", str(script), "--server.port", str(port),
-            "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false",
-            "--client.toolbarMode", TOOLBAR_MODE]
+    """``script`` (the dashboard app alone, no sink) on loopback ``port``, with the options
+    ``rankscope serve`` sets (``FIXED_OPTIONS``)."""
+    return [sys.executable, "-m", "streamlit", "run", str(script),
+            *option_flags({"server_port": port, "server_address": "127.0.0.1", **FIXED_OPTIONS})]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = START_TIMEOUT_S) -> None:

@@ -144,22 +144,33 @@ def state_counts_line(ranks_df: pd.DataFrame) -> str:
     return " · ".join(parts) + f" · {running} running"
 
 
-def render_collectives(alert: pd.Series, table: pd.DataFrame) -> None:
+def render_collectives(alert: pd.Series, table: pd.DataFrame, text: list[str]) -> None:
     """The collective table of an incident: each rank's last enqueued / started / completed collective
-    per process group, from the ranks' Flight Recorder dumps; the culprits' rows are marked."""
+    per process group, from the ranks' Flight Recorder dumps; the culprits' rows are marked. Its
+    heading joins ``text``, the card's Markdown not yet shown (:func:`flush`)."""
     mine = table[table["alert_id"] == alert["alert_id"]] if not table.empty else table
     if mine.empty:
-        st.caption("No Flight Recorder dumps stored for this incident yet (every rank sends one when it opens).")
+        text.append("No Flight Recorder dumps stored for this incident yet (every rank sends one when it opens).")
         return
     culprits = {int(r) for r in alert["ranks"]}
     shown = mine.drop(columns=["alert_id"]).assign(culprit=mine["rank"].isin(culprits))
-    st.markdown("**Collectives** (each rank's last per process group, from its Flight Recorder)")
+    text.append("**Collectives** (each rank's last per process group, from its Flight Recorder)")
+    flush(text)
     st.dataframe(shown.style.apply(lambda row: ["background-color: #fde2e1" if row["culprit"] else ""] * len(row),
                                    axis=1),
                  hide_index=True,
                  column_config={"rank": "Rank", "process_group": "Process group", "last_enqueued": "Last enqueued",
                                 "last_started": "Last started", "last_completed": "Last completed",
                                 "culprit": "Culprit"})
+
+
+def flush(text: list[str]) -> None:
+    """Show ``text`` (Markdown paragraphs) as one element and empty it. A card's text goes out in as
+    few elements as the widgets between its paragraphs allow: the browser lays out each element
+    (React, styles) on its own, ~10 ms apiece on a 2-core host, and a card has a dozen paragraphs."""
+    if text:
+        st.markdown("\n\n".join(text))
+        text.clear()
 
 
 def render_alert(alert: pd.Series, groups: pd.DataFrame, rank_state: dict[int, str] | None = None,
@@ -169,52 +180,57 @@ def render_alert(alert: pd.Series, groups: pd.DataFrame, rank_state: dict[int, s
     (``collectives``: :func:`~rankscope.dashboard.queries.incident_collectives`) and grouped stacks."""
     culprits = [int(r) for r in alert["ranks"]]
     state = rank_state or {}
+    text: list[str] = []
     with st.container(border=True):
         status = ":red-badge[open]" if alert["open"] else ":green-badge[resolved]"
         sev = SEVERITY_BADGE.get(str(alert["severity"]), f":gray-badge[{alert['severity']}]")
         title = KIND_TITLE.get(str(alert["kind"]), str(alert["kind"]))
-        st.markdown(f"#### {title} · {alert['job']}\n{status} {sev} · step {alert['step']} · "
+        text.append(f"#### {title} · {alert['job']}\n{status} {sev} · step {alert['step']} · "
                     f"for {alert['duration_s']:.0f} s · alert `{alert['alert_id']}` v{alert['version']}")
         if alert["summary"]:
-            st.markdown(str(alert["summary"]))
+            text.append(str(alert["summary"]))
         if alert["kind"] in ("hang", "dead_rank"):
             words = []
             for r in culprits:
                 w = state.get(r) or ("dead" if alert["kind"] == "dead_rank" else "hung")
                 words.append(f"rank {r} {STATE_BADGE.get(w, w)} at step {alert['step']}")
-            st.markdown("**Culprit:** " + (", ".join(words) or "unknown"))
+            text.append("**Culprit:** " + (", ".join(words) or "unknown"))
         elif alert["kind"] == "slow_rank":
-            st.markdown(f"**Slow rank {rank_list(culprits)}** {STATE_BADGE['slow']}")
-            render_slow_profile(alert, culprits)
+            text.append(f"**Slow rank {rank_list(culprits)}** {STATE_BADGE['slow']}")
+            render_slow_profile(alert, culprits, text)
         elif alert["kind"] == "rank_failed":
-            st.markdown(f"**Failed first:** rank {rank_list(culprits)} {STATE_BADGE['exited']} at step {alert['step']}"
+            text.append(f"**Failed first:** rank {rank_list(culprits)} {STATE_BADGE['exited']} at step {alert['step']}"
                         " (its traceback is below; the ranks that failed after it are followers)")
         elif alert["kind"] == "abnormal_worker":
-            st.markdown(f"**Abnormal worker {rank_list(culprits)}** in a trace window; see the Reports page "
+            text.append(f"**Abnormal worker {rank_list(culprits)}** in a trace window; see the Reports page "
                         "for the functions it runs longer")
         elif alert["kind"] == "collective_mismatch":
-            st.markdown(f"**Mismatched collective on rank {rank_list(culprits)}**: its peers issued another "
+            text.append(f"**Mismatched collective on rank {rank_list(culprits)}**: its peers issued another "
                         "op, shape or dtype at the same sequence number")
         if alert["kind"] in ("hang", "collective_mismatch") and collectives is not None:
-            render_collectives(alert, collectives)
+            render_collectives(alert, collectives, text)
         cost = lost_s if lost_s is not None else float(alert["lost_rank_seconds"])
         if cost > 0:
-            st.markdown(f"**Lost:** {cost:,.1f} rank-seconds")
+            text.append(f"**Lost:** {cost:,.1f} rank-seconds")
         if job_link:
+            flush(text)
             st.page_link(JOB_PAGE, label=f"Open job {alert['job']}", icon=":material/open_in_new:",
                          query_params={"job": str(alert["job"])})
         mine = groups[groups["alert_id"] == alert["alert_id"]] if not groups.empty else groups
         if mine.empty:
             if alert["kind"] in ("hang", "dead_rank"):
+                flush(text)
                 st.caption("No stacks captured for this alert.")
+            flush(text)
             return
-        st.markdown(f"**Stacks** ({len(mine)} group{'s' if len(mine) > 1 else ''}, identical stacks merged)")
+        text.append(f"**Stacks** ({len(mine)} group{'s' if len(mine) > 1 else ''}, identical stacks merged)")
         for g in mine.sort_values(["culprit", "group"], ascending=[False, True]).itertuples():
             tag = (":red-badge[culprit]" if g.culprit else
                    ":gray-badge[waiting in collective]" if g.waiting_in_collective else ":gray-badge[other]")
             who = f"ranks {rank_list(list(g.ranks))}"
-            st.markdown(f"{f'**{who}**' if g.culprit else who} · thread `{g.thread}` {tag}")
-            st.markdown(stack_markdown(list(g.frames)))
+            text.append(f"{f'**{who}**' if g.culprit else who} · thread `{g.thread}` {tag}")
+            text.append(stack_markdown(list(g.frames)))
+        flush(text)
 
 
 def stack_markdown(frames: list[str]) -> str:
@@ -246,15 +262,17 @@ def profile_link(alert: pd.Series, rank: int) -> dict[str, str]:
     return out
 
 
-def render_slow_profile(alert: pd.Series, culprits: list[int]) -> None:
-    """What a slow-rank alert says of the slow ranks' code (``details.profile``), and a link to the
-    first slow rank's profile against its peers over the incident."""
+def render_slow_profile(alert: pd.Series, culprits: list[int], text: list[str]) -> None:
+    """What a slow-rank alert says of the slow ranks' code (``details.profile``), joining ``text`` (the
+    card's Markdown not yet shown), and a link to the first slow rank's profile against its peers
+    over the incident."""
     paths = alert_details(alert).get("profile") or []
     if paths:
-        st.markdown("**Where its time goes** (sampled stacks, against its peers' median): " + "; ".join(
+        text.append("**Where its time goes** (sampled stacks, against its peers' median): " + "; ".join(
             f"`{p['function']}` {float(p['share']):.0%} of its time (peers {float(p['peers_median_share']):.0%})"
             for p in paths if isinstance(p, dict) and {"function", "share", "peers_median_share"} <= set(p)))
     if culprits:
+        flush(text)
         st.page_link(JOB_PAGE, label=f"Profile of rank {culprits[0]} against its peers",
                      icon=":material/local_fire_department:", query_params=profile_link(alert, culprits[0]))
 

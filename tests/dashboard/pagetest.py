@@ -31,8 +31,9 @@ def page_text(at: AppTest) -> str:
 
 
 def stacks(at: Any) -> list[str]:
-    """The stacks a page shows (rankscope.dashboard.ui.stack_markdown: one code span per frame)."""
-    return [m.value for m in at.markdown if m.value.startswith("`` ")]
+    """The stacks a page shows (rankscope.dashboard.ui.stack_markdown: one code span per frame), each
+    a paragraph of its own in an alert card's Markdown."""
+    return [p for m in at.markdown for p in m.value.split("\n\n") if p.startswith("`` ")]
 
 
 def drawn_svgs(at: AppTest, kind: str) -> list[str]:

@@ -19,7 +19,7 @@ import pytest
 from rankscope.cli.stack.ports import free_port
 from rankscope.config import ConfigError, Settings
 from rankscope.protocol.envelope import Envelope, encode
-from rankscope.storage.serve import export_settings, streamlit_options
+from rankscope.storage.serve import export_settings, option_flags, streamlit_options
 from rankscope.storage.store import close_store, open_store
 from rankscope.topics import Topic
 
@@ -57,6 +57,14 @@ def test_streamlit_options_bind_loopback() -> None:
     assert opts["server_headless"] is True and opts["browser_gatherUsageStats"] is False
     assert opts.get("server_enableAgentApi") is True  # streamlit 1.67 has the agent API
     assert opts["client_toolbarMode"] == "minimal"  # no Deploy button or developer menu
+    assert opts["server_fileWatcherType"] == "none"
+
+
+def test_option_flags_are_what_streamlit_run_takes() -> None:
+    assert option_flags({"server_port": 8501, "server_headless": True, "browser_gatherUsageStats": False,
+                         "server_fileWatcherType": "none"}) == [
+        "--server.port", "8501", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+        "--server.fileWatcherType", "none"]
 
 
 def agent_text(port: int) -> str:
