@@ -3,9 +3,10 @@
 Static checks (no Prometheus or Grafana here): every file parses; the Prometheus configuration
 scrapes every rankscope service on its settings' port and loads rule files that exist; every rule
 is complete and names only metrics that rankscope/metrics.py declares; the provisioning files and
-the dashboards have what Grafana reads. Then every ClickHouse panel's SQL, its macros expanded
-as the plugin expands them, runs against a chDB store filled by a real torchrun job through the
-real broker, processors and sink, and returns rows.
+the dashboards have what Grafana reads. Every ClickHouse panel's SQL, its macros expanded as the
+plugin expands them, is checked to return rows from a chDB store filled by a real torchrun job
+through the real broker, processors and sink (:func:`assert_every_panel_query_returns_rows`, run by
+tests/integration/test_end_to_end.py on its slow-and-hanging job).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ import yaml
 from rankscope.config import Settings
 from rankscope.metrics import Metrics
 from rankscope.protocol.alerts import ALERT_KINDS
-from tests.integration.helpers import processors_and_sink, start_job, stop_process, tail, wait_until
+from tests.integration.helpers import wait_until
 from tests.rankscope.test_compose import SHELL, interpolate, service_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -310,53 +310,31 @@ def send_gpu_samples(settings: Settings, job: str) -> None:
     assert producer.flush(30) == 0
 
 
-@pytest.mark.kafka
-@pytest.mark.clickhouse
-@pytest.mark.torchrun
-@pytest.mark.fault_lane
-def test_every_panel_query_returns_rows_from_a_real_job(kafka_settings: Settings, tmp_path: Path) -> None:
-    job = f"grafana-{uuid.uuid4().hex[:6]}"
-    log = tmp_path / f"{job}.log"
-    with processors_and_sink(kafka_settings, tmp_path, {}) as (settings, store):
-        send_gpu_samples(settings, job)
-        # As tests/integration/test_end_to_end.py plants them: rank 1 runs 4x the compute (a
-        # slow_rank alert with lost rank-seconds) and rank 3 hangs (an open hang incident), planted once
-        # the slow_rank alert has counted steps lost.
-        hang_file = tmp_path / "plant-the-hang"
-        proc = start_job(settings, job, log, "--steps", "100000", "--slow-rank", "1", "--slow-factor", "4",
-                         "--hang-rank", "3", "--hang-when-file", str(hang_file))
-        try:
-            def latest() -> dict[str, tuple[str, float]]:
-                rows = store.query_rows(
-                    "SELECT kind, status, lost_rank_seconds FROM (SELECT * FROM rankscope.alerts "
-                    "WHERE job = {job:String} ORDER BY version DESC LIMIT 1 BY alert_id)", parameters={"job": job})
-                return {str(k): (str(s), float(lost)) for k, s, lost in rows}
+def stored_incidents(store: Any, job: str) -> dict[str, tuple[str, float]] | None:
+    """The newest status and lost rank-seconds of each alert kind of ``job`` in the store, once what
+    the panels show is there: an open hang, a slow_rank alert that counted lost rank-seconds, and
+    :func:`send_gpu_samples`' rows; else None."""
+    rows = store.query_rows(
+        "SELECT kind, status, lost_rank_seconds FROM (SELECT * FROM rankscope.alerts "
+        "WHERE job = {job:String} ORDER BY version DESC LIMIT 1 BY alert_id)", parameters={"job": job})
+    got = {str(k): (str(s), float(lost)) for k, s, lost in rows}
+    hang_open = got.get("hang", ("resolved", 0))[0] != "resolved"
+    gpu = store.query_rows("SELECT count() FROM rankscope.hw_samples WHERE device >= 0")[0][0]
+    return got if hang_open and got.get("slow_rank", ("", 0.0))[1] > 0 and gpu else None
 
-            def slow_lost() -> bool:
-                return latest().get("slow_rank", ("", 0.0))[1] > 0
 
-            def ready() -> dict[str, tuple[str, float]] | None:
-                got = latest()
-                hang_open = got.get("hang", ("resolved", 0))[0] != "resolved"
-                gpu = store.query_rows("SELECT count() FROM rankscope.hw_samples WHERE device >= 0")[0][0]
-                return got if hang_open and got.get("slow_rank", ("", 0.0))[1] > 0 and gpu else None
-
-            try:
-                wait_until(slow_lost, 360, "a slow_rank alert with lost rank-seconds in the store")
-                hang_file.touch()
-                wait_until(ready, 360, "an open hang, a slow_rank alert with lost rank-seconds and the GPU samples "
-                           "in the store")
-            except AssertionError as e:
-                raise AssertionError(f"{e}\njob log:\n{tail(log)}\nprocessors log:\n"
-                                     f"{tail(tmp_path / 'processors.log')}") from None
-            # Grafana's time range: the last hour up to now; the interval it would pick for it.
-            to_ms = time.time_ns() // 10**6
-            targets = panels("grafana-clickhouse-datasource")
-            results = {title: (target, store.query_df(expand_macros(target["rawSql"], to_ms - 3600 * 1000, to_ms, 5)))
-                       for _, title, target in targets}
-        finally:
-            stop_process(proc)
-
+def assert_every_panel_query_returns_rows(store: Any, job: str) -> None:
+    """Every ClickHouse panel's SQL, its macros expanded for the last hour, returns rows from a store
+    that holds only ``job``: a real torchrun job with a slow rank (a slow_rank alert with lost
+    rank-seconds) and a hung rank (an open hang), and :func:`send_gpu_samples`' GPU rows.
+    tests/integration/test_end_to_end.py runs that job through the real broker, processors and sink."""
+    wait_until(lambda: stored_incidents(store, job), 120,
+               "an open hang, a slow_rank alert with lost rank-seconds and the GPU samples in the store")
+    # Grafana's time range: the last hour up to now; the interval it would pick for it.
+    to_ms = time.time_ns() // 10**6
+    targets = panels("grafana-clickhouse-datasource")
+    results = {title: (target, store.query_df(expand_macros(target["rawSql"], to_ms - 3600 * 1000, to_ms, 5)))
+               for _, title, target in targets}
     assert len(results) == len(targets) >= 7, sorted(results)   # titles are unique: one result per panel
     for title, (target, df) in results.items():
         assert len(df) > 0, f"{title}: no rows"

@@ -1,6 +1,7 @@
 """End to end: real torchrun ranks -> real Kafka -> faust processors -> alerts topic and chDB.
 
-One processors worker and one sink serve the module; every test uses its own job id. The
+One processors worker and one sink serve the module; every test uses its own job id (one job serves
+the two tests of TestASlowThenHangingJob, the Grafana panels' check among them). The
 slow-rank tests measure "named within 30 s" on the alert's ``opened_ns`` against the slow rank's
 step times as stored (event time), never on the test's own clock.
 """
@@ -12,6 +13,7 @@ import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from rankscope.protocol.envelope import decode
 from rankscope.storage.sink import Sink
 from rankscope.storage.store import Store, close_store, open_store
 from rankscope.topics import Topic
+from tests.deploy.test_monitoring import assert_every_panel_query_returns_rows, send_gpu_samples
 from tests.integration.helpers import (
     AlertReader,
     TopicReader,
@@ -72,14 +75,32 @@ def latest_stats(values: list[bytes], job: str, *fields: str) -> dict[int, objec
     return out
 
 
-def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]) -> None:
+@dataclass(frozen=True)
+class HungJob:
+    """A job whose rank 1 runs 4x the compute and whose rank 3 then hangs, left hanging: its id, log,
+    the slow_rank alert, the hang alert with every rank's stack, and the hang's step."""
+    settings: Settings
+    store: Store
+    work: Path
+    job: str
+    log: Path
+    slow: Alert
+    hang: Alert
+    hang_step: int
+
+
+@pytest.fixture(scope="class")
+def hung_job(pipeline: tuple[Settings, Store, Path]) -> Iterator[HungJob]:
+    """The job of :class:`TestASlowThenHangingJob`, hung until the class's tests are done."""
     settings, store, work = pipeline
+    assert store.query_rows("SELECT count() FROM rankscope.steps")[0][0] == 0, "runs first in the module"
     job = f"slowhang-{uuid.uuid4().hex[:6]}"
     log = work / f"{job}.log"
     reader = AlertReader(settings)
-    # The hang is planted once the slow-rank alert is in, so that it comes after the slow-rank rule's
-    # judgement (>= straggler_min_s of steps) whatever the machine's speed (the job has made 8 to 60
-    # steps/s here).
+    send_gpu_samples(settings, job)
+    # The hang is planted once the slow_rank alert has counted lost rank-seconds in the store, so
+    # that it comes after the slow-rank rule's judgement (>= straggler_min_s of steps) whatever the
+    # machine's speed (the job has made 8 to 60 steps/s here), and the alert has a cost to show.
     hang_file = work / f"{job}.plant-the-hang"
     proc = start_job(settings, job, log, "--steps", "100000", "--slow-rank", "1", "--slow-factor", "4",
                      "--hang-rank", "3", "--hang-when-file", str(hang_file))
@@ -87,12 +108,9 @@ def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]
         diag = lambda: "job log:\n" + tail(log) + "\nprocessors log:\n" + tail(work / "processors.log")  # noqa: E731
         slow = reader.wait_for(lambda a: a.job == job and a.kind == "slow_rank" and a.status in ("open", "update"),
                                240, "slow_rank", diag)
-        assert slow.ranks == [1], slow.summary
-        # A 4x compute straggler: on this busy host it waits longer for a CPU, in seconds, than its
-        # peers blocked in the collective, but it gets one as readily as they do; not starved.
-        assert "oversubscribed" not in slow.summary, slow.details
-        assert slow.details.get("cpu_wait", {}).get("starved", []) == [], slow.details
-        print(f"4x straggler's CPU wait: {slow.details.get('cpu_wait')}")
+        wait_until(lambda: store.query_rows(
+            "SELECT max(lost_rank_seconds) FROM rankscope.alerts WHERE job = {job:String} AND kind = 'slow_rank'",
+            parameters={"job": job})[0][0] > 0, 240, "the slow_rank alert's lost rank-seconds in the store")
         hang_file.touch()
         at = wait_until(lambda: re.search(r"rank 3: hanging at step (\d+)", log.read_text(errors="replace")), 240,
                         "rank 3 to hang")
@@ -101,13 +119,31 @@ def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]
         # profiler on a loaded machine would be an earlier hang alert at a lower step).
         hang = reader.wait_for(lambda a: a.job == job and a.kind == "hang" and a.status in ("open", "update")
                                and a.step >= hang_step, 240, "hang", diag)
-        assert hang.ranks == [3], hang.summary
-        assert hang.step == hang_step
         # Every rank's stack arrives with its next heartbeat; the incident is updated as they come.
         hang = reader.wait_for(lambda a: a.alert_id == hang.alert_id and a.status in ("open", "update")
                                and sorted(r for g in a.stack_groups for r in g.ranks) == [0, 1, 2, 3],
                                120, "hang with every rank's stack", diag)
+        yield HungJob(settings, store, work, job, log, slow, hang, hang_step)
+    finally:
+        stop_process(proc)
+        reader.close()
+
+
+class TestASlowThenHangingJob:
+    """One job for what a user sees of a slow rank and then a hung one: the alerts, their stacks and
+    what the store keeps (first in this module: the Grafana panels' check needs a store that holds
+    this job alone), and every Grafana panel's query on that store while the hang is open."""
+
+    def test_slow_and_hanging_ranks_are_named(self, hung_job: HungJob) -> None:
+        slow, hang, hang_step, job, store = hung_job.slow, hung_job.hang, hung_job.hang_step, hung_job.job, hung_job.store
+        assert slow.ranks == [1], slow.summary
+        # A 4x compute straggler: on this busy host it waits longer for a CPU, in seconds, than its
+        # peers blocked in the collective, but it gets one as readily as they do; not starved.
+        assert "oversubscribed" not in slow.summary, slow.details
+        assert slow.details.get("cpu_wait", {}).get("starved", []) == [], slow.details
+        print(f"4x straggler's CPU wait: {slow.details.get('cpu_wait')}")
         assert hang.ranks == [3], hang.summary
+        assert hang.step == hang_step
         culprit_groups = [g for g in hang.stack_groups if 3 in g.ranks]
         assert culprit_groups and any("hang_forever" in f for f in culprit_groups[0].frames)
         assert not culprit_groups[0].waiting_in_collective
@@ -115,33 +151,33 @@ def test_slow_and_hanging_ranks_are_named(pipeline: tuple[Settings, Store, Path]
         assert waiting and all(g.waiting_in_collective for g in waiting)
         own = [f for g in hang.stack_groups for f in g.frames if is_own_frame(f)]
         assert not own, f"rankscope's own frames in the user's stacks: {own}"
-    finally:
-        stop_process(proc)
-        reader.close()
 
-    # The same alerts, as stored in ClickHouse by the sink.
-    def stored() -> list[tuple]:
-        return store.query_rows(
-            "SELECT kind, ranks, body FROM rankscope.alerts FINAL WHERE job = {job:String} ORDER BY kind",
-            parameters={"job": job})
+        # The same alerts, as stored in ClickHouse by the sink.
+        def stored() -> list[tuple]:
+            return store.query_rows(
+                "SELECT kind, ranks, body FROM rankscope.alerts FINAL WHERE job = {job:String} ORDER BY kind",
+                parameters={"job": job})
 
-    def planted(r: tuple) -> bool:
-        return r[0] == "slow_rank" or (r[0] == "hang" and json.loads(r[2])["step"] == hang_step)
+        def planted(r: tuple) -> bool:
+            return r[0] == "slow_rank" or (r[0] == "hang" and json.loads(r[2])["step"] == hang_step)
 
-    rows = wait_until(lambda: [r for r in stored() if r[0] == "hang" and planted(r)]
-                      and [r for r in stored() if r[0] == "slow_rank"], 120, "hang and slow_rank alerts in ClickHouse")
-    rows = stored()
-    by_kind = {r[0]: r for r in rows if planted(r)}
-    assert list(by_kind["hang"][1]) == [3]
-    assert "hang_forever" in by_kind["hang"][2]
-    assert list(by_kind["slow_rank"][1]) == [1]
-    n_steps = store.query_rows("SELECT count(), uniqExact(rank) FROM rankscope.steps WHERE job = {job:String}",
-                               parameters={"job": job})[0]
-    assert n_steps[0] >= 4 * (hang_step + 1) and n_steps[1] == 4
-    hb_stacks = store.query_rows(
-        "SELECT count() FROM rankscope.heartbeats WHERE job = {job:String} AND rank = 3 AND stacks LIKE '%hang_forever%'",
-        parameters={"job": job})[0][0]
-    assert hb_stacks > 0
+        wait_until(lambda: [r for r in stored() if r[0] == "hang" and planted(r)]
+                   and [r for r in stored() if r[0] == "slow_rank"], 120, "hang and slow_rank alerts in ClickHouse")
+        by_kind = {r[0]: r for r in stored() if planted(r)}
+        assert list(by_kind["hang"][1]) == [3]
+        assert "hang_forever" in by_kind["hang"][2]
+        assert list(by_kind["slow_rank"][1]) == [1]
+        n_steps = wait_until(lambda: (lambda n: n if n[0] >= 4 * (hang_step + 1) else None)(store.query_rows(
+            "SELECT count(), uniqExact(rank) FROM rankscope.steps WHERE job = {job:String}",
+            parameters={"job": job})[0]), 120, f"at least {4 * (hang_step + 1)} step rows in ClickHouse")
+        assert n_steps[1] == 4
+        hb_stacks = wait_until(lambda: store.query_rows(
+            "SELECT count() FROM rankscope.heartbeats WHERE job = {job:String} AND rank = 3 "
+            "AND stacks LIKE '%hang_forever%'", parameters={"job": job})[0][0], 120, "rank 3's stack in its heartbeats")
+        assert hb_stacks > 0
+
+    def test_every_grafana_panel_query_returns_rows_from_this_job(self, hung_job: HungJob) -> None:
+        assert_every_panel_query_returns_rows(hung_job.store, hung_job.job)
 
 
 def test_healthy_run_raises_no_alert(pipeline: tuple[Settings, Store, Path]) -> None:
