@@ -8,15 +8,18 @@ one-line report of a rejected login apply to all of them alike. The loops share:
   skip; fatal: raise; else: log, count and skip);
 - :class:`DeadLetters`: a message that fails validation goes to the deadletter topic with its
   reason, counted by stage and reason, never stopping the loop;
-- :func:`rewind`: seek back to the first of messages taken but not processed, so none is skipped.
+- :func:`rewind`: seek back to the first of messages taken but not processed, so none is skipped;
+- :func:`retrying`: a metadata call (watermarks, offsets for times) repeated while the cluster moves
+  a partition's leader, instead of failing the read that asked.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rankscope.kafka_client import auth_error_cb, client_conf
 from rankscope.protocol.deadletter import DeadLetter, DeadLetterCounter
@@ -26,6 +29,45 @@ if TYPE_CHECKING:
     from rankscope.config import Settings
 
 log = logging.getLogger("rankscope.consuming")
+T = TypeVar("T")
+
+#: Errors of a metadata call that last while the cluster elects a partition's new leader or a
+#: broker restarts (librdkafka's names): retried by :func:`retrying`.
+TRANSIENT_ERRORS = frozenset({
+    "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "REQUEST_TIMED_OUT", "NOT_ENOUGH_REPLICAS",
+    "UNKNOWN_TOPIC_OR_PART", "_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN", "_WAIT_COORD",
+})
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``KafkaException`` whose error :func:`retrying` waits out."""
+    from confluent_kafka import KafkaException
+
+    if not isinstance(exc, KafkaException) or not exc.args:
+        return False
+    err = exc.args[0]
+    name = err.name() if hasattr(err, "name") else ""
+    retriable = bool(err.retriable()) if hasattr(err, "retriable") else False
+    return retriable or name in TRANSIENT_ERRORS
+
+
+def retrying(call: Callable[[], T], what: str, timeout_s: float = 30.0,
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> T:
+    """``call()``, repeated while it raises a :func:`transient` Kafka error, with a backoff from 0.2 s
+    to 2 s, for up to ``timeout_s``; then (or on any other error) its exception is raised. After a
+    broker dies its partitions' leadership moves within seconds, and a client's metadata may name the
+    dead leader a moment longer: a read that asks then waits instead of failing its worker."""
+    deadline = clock() + timeout_s
+    delay = 0.2
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            if not transient(e) or clock() + delay > deadline:
+                raise
+            log.warning("%s: %s; retrying in %.1f s", what, e, delay)
+            sleep(delay)
+            delay = min(2.0, delay * 2)
 
 
 def one_off_group(purpose: str) -> str:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from functools import partial
 
 from confluent_kafka import TopicPartition
 
 from rankscope.config import Settings
-from rankscope.consuming import one_off_group, open_consumer
+from rankscope.consuming import one_off_group, open_consumer, retrying
 from rankscope.protocol.alerts import Alert
 from rankscope.protocol.envelope import decode
 from rankscope.protocol.errors import WireError
@@ -38,8 +39,12 @@ def read_since(settings: Settings, topic: str, partitions: list[int], since_ms: 
                          "enable.auto.commit": False, "enable.partition.eof": False,
                          "fetch.max.bytes": 16 * 1024 * 1024, "logger": log, "log_level": 3})
     try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-        starts = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in partitions], timeout=10)
+        def end_of(p: int) -> int:
+            return int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+
+        ends = {p: retrying(partial(end_of, p), f"end offset of {topic} [{p}]") for p in partitions}
+        starts = retrying(lambda: consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in partitions],
+                                                              timeout=10), f"offsets of {topic} at the horizon")
         todo = {}
         for tp in starts:
             first = tp.offset if tp.offset >= 0 else ends[tp.partition]
