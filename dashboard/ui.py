@@ -150,7 +150,7 @@ def render_collectives(alert: pd.Series, table: pd.DataFrame, text: list[str]) -
     heading joins ``text``, the card's Markdown not yet shown (:func:`flush`)."""
     mine = table[table["alert_id"] == alert["alert_id"]] if not table.empty else table
     if mine.empty:
-        text.append("No Flight Recorder dumps stored for this incident yet (every rank sends one when it opens).")
+        text.append(":gray[No Flight Recorder dumps stored for this incident yet (every rank sends one when it opens).]")
         return
     culprits = {int(r) for r in alert["ranks"]}
     shown = mine.drop(columns=["alert_id"]).assign(culprit=mine["rank"].isin(culprits))
