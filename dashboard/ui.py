@@ -218,10 +218,9 @@ def render_alert(alert: pd.Series, groups: pd.DataFrame, rank_state: dict[int, s
                          query_params={"job": str(alert["job"])})
         mine = groups[groups["alert_id"] == alert["alert_id"]] if not groups.empty else groups
         if mine.empty:
-            if alert["kind"] in ("hang", "dead_rank"):
-                flush(text)
-                st.caption("No stacks captured for this alert.")
             flush(text)
+            if alert["kind"] in ("hang", "dead_rank"):
+                st.caption("No stacks captured for this alert.")
             return
         text.append(f"**Stacks** ({len(mine)} group{'s' if len(mine) > 1 else ''}, identical stacks merged)")
         for g in mine.sort_values(["culprit", "group"], ascending=[False, True]).itertuples():

@@ -46,9 +46,7 @@ def transient(exc: BaseException) -> bool:
     if not isinstance(exc, KafkaException) or not exc.args:
         return False
     err = exc.args[0]
-    name = err.name() if hasattr(err, "name") else ""
-    retriable = bool(err.retriable()) if hasattr(err, "retriable") else False
-    return retriable or name in TRANSIENT_ERRORS
+    return bool(err.retriable()) or err.name() in TRANSIENT_ERRORS
 
 
 def retrying(call: Callable[[], T], what: str, timeout_s: float = 30.0,
