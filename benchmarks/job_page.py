@@ -71,14 +71,16 @@ FLEET_PARTS: dict[str, dict[str, Any]] = {
 }
 
 #: The charts of a page: ``present``, its visible Vega-Lite charts and the SVGs the server draws
-#: (dashboard/svg_charts.py, each in a frame of its own); ``drawn``, those of them drawn (a canvas or
-#: svg taller than 20 px). The browser tests wait on the same count (tests/dashboard/browser.py).
+#: (dashboard/svg_charts.py: in the page, or each in a frame of its own as an older checkout draws
+#: them); ``drawn``, those of them drawn (a canvas or svg taller than 20 px). The browser tests wait
+#: on the same count (tests/dashboard/browser.py).
 CHARTS_JS = """() => {
   const tall = e => e.getBoundingClientRect().height > 20;
   const vega = [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].filter(c => c.offsetParent !== null);
-  const svgs = [...document.querySelectorAll('iframe')].flatMap(f => {
-    try { return [...f.contentDocument.querySelectorAll('svg.rs-heatmap, svg.rs-flame')]; } catch (e) { return []; }
-  });
+  const svgs = [...document.querySelectorAll('svg.rs-heatmap, svg.rs-flame')].concat(
+    [...document.querySelectorAll('iframe')].flatMap(f => {
+      try { return [...f.contentDocument.querySelectorAll('svg.rs-heatmap, svg.rs-flame')]; } catch (e) { return []; }
+    }));
   return {present: vega.length + svgs.length,
           drawn: vega.filter(c => [...c.querySelectorAll('canvas, svg.marks')].some(tall)).length
                  + svgs.filter(tall).length};

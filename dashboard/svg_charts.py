@@ -12,7 +12,9 @@ page's width and its text keeps its size.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -154,9 +156,31 @@ def icicle_svg(ice: pd.DataFrame, unit: str, added: dict[tuple[str, ...], float]
 
 
 def show(svg: Svg) -> None:
-    """Put an SVG of this module on the page, in a frame of its own: ``st.html`` sanitises SVG away,
-    and ``st.markdown`` parses a drawing of a few hundred kilobytes as Markdown first (measured: the
-    Job page of a 10,000-rank job 0.5 s slower than in a frame). Black on white, so that it reads
-    the same under a dark theme. The frame runs what it is given: every text from the store is
-    escaped where the SVG is built."""
-    st.iframe(f'<body style="margin:0;background:#fff;color:#000">{svg.text}</body>', height=svg.height + 4)
+    """Put an SVG of this module on the page (:func:`page_html`)."""
+    st.html(page_html(svg), unsafe_allow_javascript=True)
+
+
+#: A drawing's text as a JavaScript string in its script: "<" written as an escape, because
+#: st.html's sanitiser (DOMPurify) drops a script whose text holds markup ("<" then a letter, "/"
+#: or "!"), and so that nothing in it can close the script.
+_PAYLOAD = re.compile(r"\.innerHTML = (\".*\");</script>$", re.S)
+
+
+def page_html(svg: Svg) -> str:
+    """An SVG of this module as ``st.html`` takes it: a box of the drawing's height, black on white
+    (it reads the same under a dark theme), and a script that puts the drawing in it. In the page,
+    not in a frame of its own: ``st.html`` sanitises SVG away, so the script carries it; a frame
+    (``st.iframe``) costs the browser a document of its own, and the Job page of a 10,000-rank job
+    took 0.16 s longer with its two drawings in frames (benchmarks/job_page.py, alternating visits);
+    as Markdown a drawing of a few hundred kilobytes is parsed as Markdown first (0.5 s slower).
+    The script runs what it is given: every text from the store is escaped where the SVG is built,
+    and the drawing is a JSON string in it."""
+    payload = json.dumps(svg.text).replace("<", "\\u003c")
+    return (f'<div style="background:#fff;color:#000;height:{svg.height + 4}px;overflow:hidden"></div>'
+            f"<script>document.currentScript.previousElementSibling.innerHTML = {payload};</script>")
+
+
+def svg_of(html: str) -> str:
+    """The drawing that :func:`page_html` carries ("" for any other HTML)."""
+    m = _PAYLOAD.search(html)
+    return str(json.loads(m.group(1))) if m else ""

@@ -7,6 +7,8 @@ from typing import Any
 
 from streamlit.testing.v1 import AppTest
 
+from rankscope.dashboard.svg_charts import svg_of
+
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 
 
@@ -38,5 +40,6 @@ def stacks(at: Any) -> list[str]:
 
 def drawn_svgs(at: AppTest, kind: str) -> list[str]:
     """The server-drawn SVG charts of one kind on a page (rankscope.dashboard.svg_charts: ``heatmap``
-    or ``flame``), as the frames that show them hold them."""
-    return [e.proto.srcdoc for e in at.get("iframe") if f'class="rs-{kind}"' in e.proto.srcdoc]
+    or ``flame``), as the HTML elements that show them carry them."""
+    drawings = [svg_of(e.proto.body) for e in at.get("html")]
+    return [d for d in drawings if f'class="rs-{kind}"' in d]
