@@ -97,13 +97,16 @@ def prefetch(cfg: Settings, *calls: tuple[str, dict[str, Any]]) -> threading.Thr
     """Start ``calls`` (``(name, kwargs)`` as :func:`query` takes them) one after another in a thread
     of this run, into the result cache. The store works on the next query while the page draws what
     the last one returned; a :func:`query` of the same call waits for it (the cache computes a value
-    once) or reads it. An error is left for that :func:`query` to raise: errors are not cached."""
+    once) or reads it. An error is left for that :func:`query` to raise: errors are not cached. When
+    the run stops or reruns, so does the thread."""
     def run() -> None:
         for name, kwargs in calls:
             try:
                 query(cfg, name, **kwargs)
             except Exception:   # noqa: BLE001  the page's own query of this call raises it
                 continue
+            except BaseException:   # the run stopped or reran (Streamlit's ScriptControlException)
+                return
 
     thread = threading.Thread(target=run, name="rankscope-prefetch", daemon=True)
     add_script_run_ctx(thread, get_script_run_ctx())
