@@ -316,14 +316,15 @@ HEATMAP_WORST = {"step_ms": "max", "busy_ms": "max", "comm_ms": "min"}
 
 
 def step_time_heatmaps(store: Store, job: str, last_n: int = 400, max_cols: int = 100,
-                       max_rows: int = 0) -> pd.DataFrame:
+                       max_rows: int = 0, ranks: int = 0) -> pd.DataFrame:
     """Rank x step heatmap frame of every metric of :data:`HEATMAP_METRICS` for large jobs, in one
     pass: median per rank and bin of steps; steps are binned so that at most ``max_cols`` columns
     come back, ``step`` being the first step of its bin. Columns: rank, step, step_ms, busy_ms, comm_ms.
 
     With ``max_rows`` > 0 and more ranks than that, ranks are binned too (at most ``max_rows`` rows):
     ``rank`` is the first rank of its bin, ``ranks`` its range ("0-99"), each metric the bin's worst
-    rank's (:data:`HEATMAP_WORST`) and ``worst_<metric>`` that rank.
+    rank's (:data:`HEATMAP_WORST`) and ``worst_<metric>`` that rank. ``ranks``: the job's number of
+    ranks when the caller knows it (its world size), else the store is asked (its highest rank + 1).
     """
     check_positive("last_n", last_n)
     check_positive("max_cols", max_cols)
@@ -343,8 +344,9 @@ def step_time_heatmaps(store: Store, job: str, last_n: int = 400, max_cols: int 
     params = {"job": job, "n": int(last_n), "w": width}
     binned = False
     if max_rows:
-        top = store.query_rows(f"SELECT max(rank) + 1 FROM {db}.steps WHERE job = {{job:String}}", {"job": job})
-        ranks = int(top[0][0] or 0) if top else 0
+        if ranks <= 0:
+            top = store.query_rows(f"SELECT max(rank) + 1 FROM {db}.steps WHERE job = {{job:String}}", {"job": job})
+            ranks = int(top[0][0] or 0) if top else 0
         binned = ranks > max_rows
     if not binned:
         df = store.query_df(per_rank + " ORDER BY rank, step_bin", params)

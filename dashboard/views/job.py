@@ -117,7 +117,7 @@ def step_charts(cfg: Settings, job: str, world: int) -> None:
         # Only the open tab's heatmap is drawn (picking another reruns the panel): each is a chart
         # the browser lays out, and the panel refreshes.
         tabs = st.tabs(names, key="step_chart_tab", on_change="rerun")
-        frame = ui.query(cfg, "step_time_heatmaps", job=job, max_rows=HEATMAP_MAX_ROWS)
+        frame = ui.query(cfg, "step_time_heatmaps", **heatmaps_args(job, world))
         binned = "ranks" in frame.columns
         rows = frame["rank"].nunique() if not frame.empty else 0
         for tab, (metric, title) in zip(tabs, metrics, strict=True):
@@ -175,6 +175,11 @@ def ranks_args(cfg: Settings, job: str) -> dict[str, object]:
             "slow_min_steps": cfg.straggler_min_slow_steps}
 
 
+def heatmaps_args(job: str, world: int) -> dict[str, object]:
+    """The step-time heatmaps' query of a job drawn as heatmaps (``world``: its ranks)."""
+    return {"job": job, "max_rows": HEATMAP_MAX_ROWS, "ranks": world}
+
+
 def world_size(cfg: Settings, job: str) -> int:
     jobs = ui.query(cfg, "jobs")
     world = jobs.loc[jobs["job"] == job, "world_size"]
@@ -188,7 +193,7 @@ def prefetch(cfg: Settings, job: str, now_ns: int) -> None:
     profile's when its widgets say which (:func:`profile_panel.planned_query`)."""
     calls: list[tuple[str, dict[str, object]]] = [("ranks", ranks_args(cfg, job)), ("alerts", {"job": job})]
     if world_size(cfg, job) > queries.HEATMAP_MIN_RANKS:
-        calls.append(("step_time_heatmaps", {"job": job, "max_rows": HEATMAP_MAX_ROWS}))
+        calls.append(("step_time_heatmaps", heatmaps_args(job, world_size(cfg, job))))
     calls.append(("flight_records", {"job": job}))
     profile = profile_panel.planned_query(job, now_ns=now_ns)
     ui.prefetch(cfg, *calls, *([profile] if profile else []))

@@ -92,6 +92,15 @@ def test_step_time_heatmap_bins_steps(store):
         q.step_time_heatmap(store, sd.HANG_JOB, metric="duration_ns; DROP TABLE steps")
 
 
+def test_step_time_heatmaps_bin_ranks_alike_when_told_the_number_of_ranks(store):
+    """A page that knows the job's world size passes it and saves the store a query; the bins are the
+    ones the store's highest rank gives."""
+    asked = q.step_time_heatmaps(store, sd.HANG_JOB, max_rows=2)
+    told = q.step_time_heatmaps(store, sd.HANG_JOB, max_rows=2, ranks=4)
+    assert "ranks" in told.columns and sorted(told["ranks"].unique()) == ["0-1", "2-3"]
+    pd.testing.assert_frame_equal(asked, told)
+
+
 def test_alerts_latest_version_open_first(store, now):
     df = q.alerts(store, now_ns=now)
     assert list(df.columns) == q.ALERTS_COLUMNS
