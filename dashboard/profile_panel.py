@@ -14,7 +14,6 @@ from rankscope.dashboard import flame, flame_chart, ui
 from rankscope.protocol.profile import ROLES
 
 ALL_RANKS = "all ranks"
-DEFAULT_ROLES = ["training"]
 #: Above this many ranks the rank picker lists the ranks it is given first (and the lowest ranks up to
 #: this many), and takes any other rank typed in: a browser lays out a picker of 10,000 options in ~0.3 s.
 MAX_RANK_OPTIONS = 256
@@ -50,31 +49,12 @@ def rank_options(ranks: list[int], first: list[int] | None = None) -> list[str]:
     return [ALL_RANKS, *[str(r) for r in shown]]
 
 
-def where(job: str, t0: int, t1: int, roles: list[str], host: str = "") -> dict[str, object]:
-    """The profile query's arguments (no roles picked: all of them)."""
-    return {"job": job, "t0_ns": t0, "t1_ns": t1, "roles": roles or None, "hosts": [host] if host else None}
-
-
-def planned_query(job: str, host: str = "", key: str = "profile",
-                  now_ns: int | None = None) -> tuple[str, dict[str, object]] | None:
-    """The query :func:`render` will run this run (given the same ``now_ns``), before its widgets are
-    drawn, when the widgets' values say it: all ranks, a relative time range, no alert's link. None
-    otherwise (a page then leaves the query to :func:`render`)."""
-    rng = ui.picked_range()
-    linked_ = any(st.query_params.get(p) for p in ("profile_rank", "profile_from", "profile_to"))
-    if rng is None or linked_ or st.session_state.get(f"{key}_rank", ALL_RANKS) != ALL_RANKS:
-        return None
-    t0, t1 = rng.bounds(now_ns)
-    return "path_seconds", where(job, t0, t1, list(st.session_state.get(f"{key}_roles", DEFAULT_ROLES)), host)
-
-
 def render(cfg: Settings, job: str, ranks: list[int], host: str = "", key: str = "profile",
-           first: list[int] | None = None, now_ns: int | None = None) -> None:
+           first: list[int] | None = None) -> None:
     """The panel for ``ranks`` of ``job`` (of ``host`` when given); ``first``: ranks the picker lists
-    first when there are too many to list them all (:func:`rank_options`); ``now_ns``: the end of a
-    relative time range (default: now)."""
+    first when there are too many to list them all (:func:`rank_options`)."""
     rng = ui.time_range()
-    t0, t1 = rng.bounds(now_ns)
+    t0, t1 = rng.bounds()
     options = rank_options(ranks, first)
     many = len(ranks) > MAX_RANK_OPTIONS
     since, until = linked(key, options)
@@ -89,16 +69,16 @@ def render(cfg: Settings, job: str, ranks: list[int], host: str = "", key: str =
                           help="One rank also shows where it spends more than its peers."
                           + (f" Lists the ranks not running first; type any of the {len(ranks):,} ranks." if many
                              else ""))
-    roles = c[1].multiselect("Threads", list(ROLES), default=DEFAULT_ROLES, key=f"{key}_roles",
+    roles = c[1].multiselect("Threads", list(ROLES), default=["training"], key=f"{key}_roles",
                              help="training: the thread that calls tracer.step(); dataloader: DataLoader worker "
                                   "processes; pin_memory: the DataLoader's pin-memory thread; other: any other thread.")
     if pick != ALL_RANKS and (pick is None or not str(pick).isdigit() or int(pick) not in set(ranks)):
         st.warning(f"No rank {pick} in this job; showing all ranks.")
         pick = ALL_RANKS
+    where = {"job": job, "t0_ns": t0, "t1_ns": t1, "roles": roles or None, "hosts": [host] if host else None}
     # All ranks: seconds per call path summed in the store (a 10,000-rank job's rows never leave it);
     # one rank: its peers' seconds per path too, for their median.
-    per = ui.query(cfg, "path_seconds" if pick == ALL_RANKS else "rank_path_seconds",
-                   **where(job, t0, t1, roles, host))
+    per = ui.query(cfg, "path_seconds" if pick == ALL_RANKS else "rank_path_seconds", **where)
     if per.empty:
         st.caption("No sampled stacks in this range. Ranks sample their stacks all the time (`profile_hz`) and "
                    "send them every `profile_s` seconds.")

@@ -1,14 +1,12 @@
 """Streamlit helpers shared by the pages: the store, cached queries, calm errors, alert cards, pickers.
 
 Only the store client is a ``st.cache_resource``; query results are ``st.cache_data`` for about a
-second, so many viewers of one live page cost one query per refresh. A page can :func:`prefetch` the
-queries it will need: the store answers them while the page draws what it already has.
+second, so many viewers of one live page cost one query per refresh.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +15,6 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
-from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 
 from rankscope.config import ConfigError, Settings
 from rankscope.dashboard import queries
@@ -91,27 +88,6 @@ def _cached(name: str, dsn: str, kwargs: tuple[tuple[str, Any], ...]) -> pd.Data
 def query(cfg: Settings, name: str, **kwargs: Any) -> pd.DataFrame:
     """Run ``queries.<name>(store, **kwargs)`` through the short-lived result cache."""
     return _cached(name, cfg.store_dsn, tuple(sorted(kwargs.items())))
-
-
-def prefetch(cfg: Settings, *calls: tuple[str, dict[str, Any]]) -> threading.Thread:
-    """Start ``calls`` (``(name, kwargs)`` as :func:`query` takes them) one after another in a thread
-    of this run, into the result cache. The store works on the next query while the page draws what
-    the last one returned; a :func:`query` of the same call waits for it (the cache computes a value
-    once) or reads it. An error is left for that :func:`query` to raise: errors are not cached. When
-    the run stops or reruns, so does the thread."""
-    def run() -> None:
-        for name, kwargs in calls:
-            try:
-                query(cfg, name, **kwargs)
-            except Exception:   # noqa: BLE001  the page's own query of this call raises it
-                continue
-            except BaseException:   # the run stopped or reran (Streamlit's ScriptControlException)
-                return
-
-    thread = threading.Thread(target=run, name="rankscope-prefetch", daemon=True)
-    add_script_run_ctx(thread, get_script_run_ctx())
-    thread.start()
-    return thread
 
 
 def live(cfg: Settings, body: Callable[[], None]) -> None:
@@ -366,21 +342,8 @@ class TimeRange:
         """(since_ns, until_ns); relative ranges end now."""
         if self.key == "custom":
             return self.start_ns, self.end_ns
-        now = whole_second_ns(now_ns)
+        now = -(-time.time_ns() // 10**9) * 10**9 if now_ns is None else int(now_ns)  # whole seconds: shared cache
         return now - int(self.span_s * 1e9), now
-
-
-def whole_second_ns(now_ns: int | None = None) -> int:
-    """``now_ns`` (default: now) rounded up to a whole second: the end of a relative time range, the
-    same for every query of that second, so that they share the result cache."""
-    return -(-(time.time_ns() if now_ns is None else int(now_ns)) // 10**9) * 10**9
-
-
-def picked_range() -> TimeRange | None:
-    """The relative range :func:`time_range` will return this run, before it is drawn (a page that
-    starts its queries early needs it); None for a custom range."""
-    key = st.session_state.get("_keep_range_pick", DEFAULT_RANGE)
-    return TimeRange(key, float(RANGES[key][1])) if key in RANGES and key != "custom" else None
 
 
 def _load(key: str, default: Any) -> None:

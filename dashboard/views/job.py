@@ -117,7 +117,7 @@ def step_charts(cfg: Settings, job: str, world: int) -> None:
         # Only the open tab's heatmap is drawn (picking another reruns the panel): each is a chart
         # the browser lays out, and the panel refreshes.
         tabs = st.tabs(names, key="step_chart_tab", on_change="rerun")
-        frame = ui.query(cfg, "step_time_heatmaps", **heatmaps_args(job, world))
+        frame = ui.query(cfg, "step_time_heatmaps", job=job, max_rows=HEATMAP_MAX_ROWS, ranks=world)
         binned = "ranks" in frame.columns
         rows = frame["rank"].nunique() if not frame.empty else 0
         for tab, (metric, title) in zip(tabs, metrics, strict=True):
@@ -175,28 +175,11 @@ def ranks_args(cfg: Settings, job: str) -> dict[str, object]:
             "slow_min_steps": cfg.straggler_min_slow_steps}
 
 
-def heatmaps_args(job: str, world: int) -> dict[str, object]:
-    """The step-time heatmaps' query of a job drawn as heatmaps (``world``: its ranks)."""
-    return {"job": job, "max_rows": HEATMAP_MAX_ROWS, "ranks": world}
-
-
 def world_size(cfg: Settings, job: str) -> int:
+    """The job's world size from the jobs query (0: not known)."""
     jobs = ui.query(cfg, "jobs")
     world = jobs.loc[jobs["job"] == job, "world_size"]
     return int(world.iloc[0]) if len(world) else 0
-
-
-def prefetch(cfg: Settings, job: str, now_ns: int) -> None:
-    """Start the page's queries, in the order it shows them, so that the store answers the next one
-    while the page draws the last (a 10,000-rank job's queries take ~0.9 s of a visit, its drawing
-    on the server ~0.25 s): the panel's, the heatmaps' when the job is drawn as heatmaps, and the
-    profile's when its widgets say which (:func:`profile_panel.planned_query`)."""
-    calls: list[tuple[str, dict[str, object]]] = [("ranks", ranks_args(cfg, job)), ("alerts", {"job": job})]
-    if world_size(cfg, job) > queries.HEATMAP_MIN_RANKS:
-        calls.append(("step_time_heatmaps", heatmaps_args(job, world_size(cfg, job))))
-    calls.append(("flight_records", {"job": job}))
-    profile = profile_panel.planned_query(job, now_ns=now_ns)
-    ui.prefetch(cfg, *calls, *([profile] if profile else []))
 
 
 def panel(cfg: Settings, job: str) -> None:
@@ -260,11 +243,6 @@ st.title("Job")
 cfg = ui.connect()
 chosen = ui.choose_job(cfg) if cfg is not None else None
 if cfg is not None and chosen is not None:
-    now_ns = ui.whole_second_ns()
-    try:
-        prefetch(cfg, chosen, now_ns)
-    except queries.StoreError:
-        pass   # the panel says so
     ui.live(replace(cfg, dashboard_refresh_s=refresh_s(cfg, chosen)), partial(panel, cfg, chosen))
     st.subheader("Profile")
     try:
@@ -272,6 +250,6 @@ if cfg is not None and chosen is not None:
         ranks = sorted(int(r) for r in seen["rank"]) if not seen.empty else []
         # The ranks not running (most severe first) lead the picker of a large job.
         first = ranks_first(seen) if len(ranks) > profile_panel.MAX_RANK_OPTIONS else []
-        profile_panel.render(cfg, chosen, ranks, first=first, now_ns=now_ns)
+        profile_panel.render(cfg, chosen, ranks, first=first)
     except queries.StoreError as e:
         st.warning(f"The store did not answer: {e}")
