@@ -131,19 +131,16 @@ def test_dead_letters_are_produced_counted_and_wait_for_room() -> None:
     assert json.loads(value)["payload_b64"]
 
 
-class FakeClock:
-    """A monotonic clock that :func:`retrying`'s sleeps advance."""
+class Sleeps:
+    """:func:`retrying`'s sleeps, which advance a :class:`ManualClock` (started at 0)."""
 
     def __init__(self) -> None:
-        self.now = 0.0
+        self.clock = ManualClock(start_s=0.0)
         self.slept: list[float] = []
 
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
+    def __call__(self, s: float) -> None:
         self.slept.append(s)
-        self.now += s
+        self.clock.advance(s)
 
 
 def failing(errors: list[int], value: int = 7) -> Any:
@@ -158,21 +155,22 @@ def failing(errors: list[int], value: int = 7) -> Any:
 
 
 def test_retrying_waits_out_a_moving_leader() -> None:
-    clock = FakeClock()
+    sleeps = Sleeps()
     call = failing([KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._TRANSPORT])
-    assert consuming.retrying(call, "end offset", clock=clock, sleep=clock.sleep) == 7
-    assert clock.slept == [0.2, 0.4, 0.8]
+    assert consuming.retrying(call, "end offset", clock=sleeps.clock.monotonic, sleep=sleeps) == 7
+    assert sleeps.slept == [0.2, 0.4, 0.8]
 
 
 def test_retrying_raises_other_errors_at_once_and_transient_ones_at_its_deadline() -> None:
-    clock = FakeClock()
+    sleeps = Sleeps()
+    now = sleeps.clock.monotonic
     with pytest.raises(KafkaException) as e:
-        consuming.retrying(failing([KafkaError.TOPIC_AUTHORIZATION_FAILED]), "end offset", clock=clock, sleep=clock.sleep)
-    assert e.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED and clock.slept == []
+        consuming.retrying(failing([KafkaError.TOPIC_AUTHORIZATION_FAILED]), "end offset", clock=now, sleep=sleeps)
+    assert e.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED and sleeps.slept == []
     with pytest.raises(KafkaException) as e:
         consuming.retrying(failing([KafkaError.NOT_LEADER_FOR_PARTITION] * 100), "end offset", timeout_s=5.0,
-                 clock=clock, sleep=clock.sleep)
+                           clock=now, sleep=sleeps)
     assert e.value.args[0].code() == KafkaError.NOT_LEADER_FOR_PARTITION
-    assert clock.now <= 5.0 and sum(clock.slept) == pytest.approx(clock.now) and max(clock.slept) == 2.0
+    assert now() <= 5.0 and sum(sleeps.slept) == pytest.approx(now()) and max(sleeps.slept) == 2.0
     with pytest.raises(ValueError):
-        consuming.retrying(lambda: int("x"), "not Kafka", clock=clock, sleep=clock.sleep)
+        consuming.retrying(lambda: int("x"), "not Kafka", clock=now, sleep=sleeps)
