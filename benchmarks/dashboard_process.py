@@ -16,8 +16,8 @@ from rankscope.storage.serve import FIXED_OPTIONS, option_flags
 START_TIMEOUT_S = 120.0
 
 
-def streamlit_cmd(port: int, script: str | Path = "dashboard/app.py") -> list[str]:
-    """``script`` (the dashboard app alone, no sink) on loopback ``port``, with the options
+def streamlit_cmd(port: int, script: str | Path = "dashboard/server.py") -> list[str]:
+    """``script`` (the dashboard's web server alone, no sink) on loopback ``port``, with the options
     ``rankscope serve`` sets (``FIXED_OPTIONS``)."""
     return [sys.executable, "-m", "streamlit", "run", str(script),
             *option_flags({"server_port": port, "server_address": "127.0.0.1", **FIXED_OPTIONS})]

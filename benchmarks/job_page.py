@@ -1,7 +1,7 @@
 """How long the Job page of a 10,000-rank job takes to show its content in Chromium, and the Fleet page.
 
 Builds the store a 60 s job of 10,000 ranks leaves (benchmarks/big_job_store.py) in a process of its
-own, serves the dashboard on it (``streamlit run dashboard/app.py``, as ``rankscope serve`` does) and
+own, serves the dashboard on it (``streamlit run dashboard/server.py``, as ``rankscope serve`` does) and
 opens ``/job?job=big-10k`` in headless Chromium (Debian's /usr/bin/chromium through Playwright). The
 page is shown when every part of :data:`JOB_PARTS` is; each part's time is measured in the page (a
 poll every 50 ms, ``performance.now()``: seconds from navigation start), the page's time is its last
@@ -131,13 +131,17 @@ def fill_store(dsn: str, timeout_s: float = 300.0) -> dict[str, Any]:
 
 @contextmanager
 def dashboard(dsn: str, data_dir: Path, app_root: Path = ROOT) -> Iterator[str]:
-    """A dashboard server on ``dsn`` (``app_root``'s dashboard/app.py); yields its URL once healthy."""
+    """A dashboard server on ``dsn`` (``app_root``'s dashboard/server.py, or app.py in a checkout older
+    than server.py); yields its URL once healthy."""
     port = free_port()
     env = {**os.environ, "RANKSCOPE_CLICKHOUSE_DSN": dsn, "RANKSCOPE_DATA_DIR": str(data_dir),
            "RANKSCOPE_DEAD_AFTER_S": "3600"}   # the ranks stopped beating when the store was built
     if app_root != ROOT:
         env["PYTHONPATH"] = os.pathsep.join([str(app_root), env.get("PYTHONPATH", "")])
-    with running(streamlit_cmd(port, app_root / "dashboard" / "app.py"), port, env, data_dir / "streamlit.log",
+    script = app_root / "dashboard" / "server.py"
+    if not script.exists():
+        script = script.with_name("app.py")
+    with running(streamlit_cmd(port, script), port, env, data_dir / "streamlit.log",
                  app_root) as url:
         yield url
 
@@ -216,7 +220,7 @@ def run(runs: int = RUNS, app: str | None = None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.job_page")
     p.add_argument("--runs", type=int, default=RUNS, help="visits of each page after the first")
-    p.add_argument("--app", default=None, help="serve this checkout's dashboard/app.py instead (default: this one)")
+    p.add_argument("--app", default=None, help="serve this checkout's dashboard instead (default: this one)")
     a = p.parse_args(argv)
     print(json.dumps(run(a.runs, a.app), indent=2))
     return 0

@@ -1,26 +1,22 @@
-"""rankscope dashboard entry point: page config and navigation only; the pages live in views/.
+"""rankscope dashboard entry point: page config and navigation only; the pages live in views/ and
+are listed in nav.py.
 
 Not in pages/: Streamlit finds a folder of that name next to the script by itself, and a visitor
 whose first request is a page URL then gets that folder's files as the navigation.
 
-Run with ``streamlit run dashboard/app.py`` (``rankscope serve`` does it for you).
+server.py serves this script (``streamlit run dashboard/server.py``; ``rankscope serve`` does it
+for you).
 """
 
 import streamlit as st
 
 from rankscope.dashboard.login import signed_in
+from rankscope.dashboard.nav import PAGES
 
 st.set_page_config(page_title="rankscope", page_icon=":material/monitoring:", layout="wide")
 if not signed_in():
     st.stop()
 
-pages = [
-    st.Page("views/fleet.py", title="Fleet overview", icon=":material/dns:", default=True),
-    st.Page("views/job.py", title="Job", icon=":material/timeline:", url_path="job"),
-    st.Page("views/alerts.py", title="Alerts", icon=":material/notifications:", url_path="alerts"),
-    st.Page("views/host.py", title="Host", icon=":material/memory:", url_path="host"),
-    st.Page("views/traces.py", title="Trace windows", icon=":material/troubleshoot:", url_path="traces"),
-    st.Page("views/reports.py", title="Reports", icon=":material/summarize:", url_path="reports"),
-    st.Page("views/sql.py", title="SQL console", icon=":material/terminal:", url_path="sql"),
-]
+pages = [st.Page(p.script, title=p.title, icon=p.icon, url_path=p.url_path or None, default=not p.url_path)
+         for p in PAGES]
 st.navigation(pages).run()

@@ -70,14 +70,14 @@ def running_sink() -> Any:
 
 
 def default_script() -> Path:
-    """The dashboard's Streamlit script. Streamlit runs it as a script: serve locates it and imports
-    none of the dashboard's code."""
+    """The dashboard's web server script (dashboard/server.py: Streamlit's ASGI app for app.py).
+    Streamlit runs it: serve locates it and imports none of the dashboard's code."""
     import importlib.util
 
     spec = importlib.util.find_spec("rankscope.dashboard")
     if spec is None or spec.origin is None:
         raise FileNotFoundError("rankscope.dashboard is not installed (pip install 'rankscope[dashboard]')")
-    return Path(spec.origin).resolve().parent / "app.py"
+    return Path(spec.origin).resolve().parent / "server.py"
 
 
 def export_settings(settings: Settings, environ: Any = None) -> dict[str, str]:
@@ -226,7 +226,7 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
     closed_tabs.install()
     try:
         bootstrap.load_config_options(opts)
-        bootstrap.run(str(script), False, [], opts)
+        run_streamlit(script, opts)
     finally:
         if endpoint is not None:
             endpoint.stop()
@@ -234,6 +234,19 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
             sink.stop()
         close_store(settings.store_dsn)
     return 0
+
+
+def run_streamlit(script: Path, opts: dict[str, Any]) -> None:
+    """Serve ``script`` as ``streamlit run`` does: an ``st.App`` in it through uvicorn, else the
+    script itself. Blocks until SIGINT/SIGTERM."""
+    from streamlit.web import bootstrap
+    from streamlit.web.server.app_discovery import discover_asgi_app
+
+    found = discover_asgi_app(script)
+    if found.is_asgi_app and found.import_string:
+        bootstrap.run_asgi_app(str(script), found.import_string, [], opts)
+    else:
+        bootstrap.run(str(script), False, [], opts)
 
 
 def _start_query_endpoint(settings: Settings, store: Any) -> Any:

@@ -3,7 +3,9 @@
 Each case starts its own server (the store is filled once by a subprocess; chDB lets one process
 open it, so the servers run one after another), opens the page URL first in headless Chromium, and
 expects the app's own navigation (every page title of dashboard/app.py in the sidebar) with the
-page's own content, never Streamlit's "Page not found" or a list of file names.
+page's own content, never Streamlit's "Page not found" or a list of file names. The page finds the
+server at the app's base URL on its first try (dashboard/base_url_hint.py): no health check of the
+page's own path, which answers 404.
 """
 
 from __future__ import annotations
@@ -63,8 +65,11 @@ def sidebar_links(page) -> list[str]:
 def test_a_page_url_opened_first_shows_the_apps_navigation(fresh_server: str, path: str):
     title, content = DEEP_LINKS[path]
     with launch_browser() as page:
+        health: list[tuple[str, int]] = []
+        page.on("response", lambda r: health.append((r.url, r.status)) if "/_stcore/health" in r.url else None)
         page.goto(fresh_server + path)
         wait_for_text(page, content, 180)
+        assert health and all(url == fresh_server + "/_stcore/health" and status == 200 for url, status in health), health
         main = page.locator("[data-testid='stMain']")
         assert main.get_by_role("heading", name=title).first.is_visible()
         links = sidebar_links(page)
