@@ -4,6 +4,8 @@ no alert; turns taken by every rank are not (real chDB store)."""
 from __future__ import annotations
 
 from rankscope.dashboard import queries as q
+from rankscope.dashboard.queries.jobs import last_arrival_steps
+from rankscope.last_arrivals import steps_from_records
 
 MS = 1_000_000
 
@@ -32,3 +34,16 @@ def test_a_cheap_straggler_is_watched_and_shown_slow_without_an_alert(empty_stor
     rows = q.ranks(empty_store, "cheap", dead_after_s=10**9)
     assert q.alerts(empty_store, job="cheap").empty
     assert dict(zip(rows["rank"], rows["state"], strict=True)) == {0: "running", 1: "slow", 2: "running", 3: "running"}
+
+
+def test_the_store_reduces_steps_as_the_processors_do(empty_store):
+    """Last arrival, its rank (the higher rank among equal arrivals), its step time and its lead
+    over the second arrival, step by step, as rankscope.last_arrivals reduces the same records."""
+    insert_steps(empty_store, "ties", lambda s: s % 3, n_steps=40, n_ranks=5, lead_ms=0.004)   # as late as rank 4
+    insert_steps(empty_store, "lead", lambda s: (s * 7) % 5, n_steps=40, n_ranks=5)
+    for job in ("ties", "lead"):
+        records = empty_store.query_rows(
+            f"SELECT rank, step, start_ns, end_ns, comm_ns FROM {empty_store.database}.steps WHERE job = {{j:String}}",
+            {"j": job})
+        assert last_arrival_steps(empty_store, job, 5) == steps_from_records(records, 5), job
+    assert last_arrival_steps(empty_store, "ties", 6) == []    # no step has 6 ranks
