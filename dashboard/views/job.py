@@ -69,7 +69,7 @@ def ranks_table(ranks: pd.DataFrame) -> None:
             "exit": (ranks["exit_reason"] + " " + ranks["exit_detail"]).str.strip(),
         }), hide_index=True)
         return
-    grid = compact_grid(ranks)
+    grid = compact_grid(ranks.reset_index(drop=True))   # a range index is not sent
     config = {"rank": st.column_config.NumberColumn(format="%d"), "pid": st.column_config.NumberColumn(format="%d"),
               "last step": st.column_config.NumberColumn(format="%d"),
               "step ms (median)": st.column_config.NumberColumn(format="%.1f"),
@@ -226,16 +226,15 @@ def panel(cfg: Settings, job: str) -> None:
 
     st.subheader("Lost time")
     st.metric("Lost rank-seconds (all alerts)", f"{lost['lost_rank_seconds'].sum():,.1f}")
-    st.dataframe(
-        lost.assign(ranks=lost["ranks"].map(ui.rank_list),
-                    status=lost["status"].map(lambda s: "resolved" if s == "resolved" else "open")),
-        hide_index=True,
-        column_config={"alert_id": "Alert", "job": None, "kind": "Kind", "status": "State", "ranks": "Ranks",
-                       "step": "Step", "duration_s": st.column_config.NumberColumn("Duration s", format="%.0f"),
-                       "lost_rank_seconds": st.column_config.NumberColumn("Lost rank-s", format="%.1f"),
-                       "estimated": st.column_config.CheckboxColumn(
-                           "Estimated", help="world size x duration, when the processors sent no figure")},
-    )
+    # A few rows: a plain table (a data grid is a canvas widget the browser builds and draws).
+    st.table(pd.DataFrame({
+        "Alert": lost["alert_id"], "Kind": lost["kind"],
+        "State": lost["status"].map(lambda s: "resolved" if s == "resolved" else "open"),
+        "Ranks": lost["ranks"].map(ui.rank_list), "Step": lost["step"].astype(str),
+        "Duration s": lost["duration_s"].map("{:.0f}".format),
+        "Lost rank-s": lost["lost_rank_seconds"].map("{:,.1f}".format),
+        "Estimated": lost["estimated"].map(lambda e: "yes" if e else ""),
+    }), hide_index=True)
     flight_panel(cfg, job)
 
 
