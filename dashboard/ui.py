@@ -1,7 +1,8 @@
 """Streamlit helpers shared by the pages: the store, cached queries, calm errors, alert cards, pickers.
 
 Only the store client is a ``st.cache_resource``; query results are ``st.cache_data`` for about a
-second, so many viewers of one live page cost one query per refresh.
+second, so many viewers of one live page cost one query per refresh (and a page's first queries may
+have been started when the browser asked for the page: prefetch.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import streamlit as st
 
 from rankscope.config import ConfigError, Settings
 from rankscope.dashboard import queries
+from rankscope.dashboard.prefetch import PREFETCHER
 from rankscope.rank_states import RANK_STATES
 from rankscope.storage.store import Store, StoreError, StoreLocked, open_store
 
@@ -86,7 +88,11 @@ def _cached(name: str, dsn: str, kwargs: tuple[tuple[str, Any], ...]) -> pd.Data
 
 
 def query(cfg: Settings, name: str, **kwargs: Any) -> pd.DataFrame:
-    """Run ``queries.<name>(store, **kwargs)`` through the short-lived result cache."""
+    """Run ``queries.<name>(store, **kwargs)`` through the short-lived result cache, unless the web
+    server started it when the browser asked for the page (prefetch.py)."""
+    started = PREFETCHER.result(cfg.store_dsn, name, kwargs)
+    if started is not None:
+        return started
     return _cached(name, cfg.store_dsn, tuple(sorted(kwargs.items())))
 
 

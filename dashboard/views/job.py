@@ -13,13 +13,14 @@ import streamlit as st
 
 from rankscope.config import Settings
 from rankscope.dashboard import profile_panel, queries, svg_charts, ui
+from rankscope.dashboard.job_queries import heatmap_args, ranks_args, world_of
 from rankscope.rank_states import RANK_STATES, RUNNING
 
 TABLE_MAX_RANKS = queries.HEATMAP_MIN_RANKS   # a plain table up to here, a scrolling data grid above
 ROWS_IN_VIEW = 12          # rows the grid shows before it scrolls: past them, the abnormal ranks come first
 STYLED_MAX_RANKS = 1024    # state cells coloured up to here (pandas' Styler takes ~0.2 ms a row to send)
-HEATMAP_MAX_ROWS = 100     # rank rows of the step-time heatmaps; more ranks are binned
 RANKS_PER_REFRESH_S = 1000
+RANKS_SHOWN = "job_ranks_shown"   # (job, ranks frame) the panel drew in this run: the profile's rank picker reuses it
 
 
 def refresh_s(cfg: Settings, job: str) -> float:
@@ -117,7 +118,7 @@ def step_charts(cfg: Settings, job: str, world: int) -> None:
         # Only the open tab's heatmap is drawn (picking another reruns the panel): each is a chart
         # the browser lays out, and the panel refreshes.
         tabs = st.tabs(names, key="step_chart_tab", on_change="rerun")
-        frame = ui.query(cfg, "step_time_heatmaps", job=job, max_rows=HEATMAP_MAX_ROWS, ranks=world)
+        frame = ui.query(cfg, "step_time_heatmaps", **heatmap_args(job, world))
         binned = "ranks" in frame.columns
         rows = frame["rank"].nunique() if not frame.empty else 0
         for tab, (metric, title) in zip(tabs, metrics, strict=True):
@@ -169,21 +170,14 @@ def flight_panel(cfg: Settings, job: str) -> None:
                 st.markdown(ui.stack_markdown([str(f) for f in main[0].get("frames", [])]))
 
 
-def ranks_args(cfg: Settings, job: str) -> dict[str, object]:
-    """The ranks query of this page (the panel and the profile's rank picker share its result)."""
-    return {"job": job, "dead_after_s": cfg.dead_after_s, "slow_min_s": cfg.straggler_min_s,
-            "slow_min_steps": cfg.straggler_min_slow_steps}
-
-
 def world_size(cfg: Settings, job: str) -> int:
     """The job's world size from the jobs query (0: not known)."""
-    jobs = ui.query(cfg, "jobs")
-    world = jobs.loc[jobs["job"] == job, "world_size"]
-    return int(world.iloc[0]) if len(world) else 0
+    return world_of(ui.query(cfg, "jobs"), job)
 
 
 def panel(cfg: Settings, job: str) -> None:
     ranks = ui.query(cfg, "ranks", **ranks_args(cfg, job))
+    st.session_state[RANKS_SHOWN] = (job, ranks)
     alerts = ui.query(cfg, "alerts", job=job)
     world = world_size(cfg, job) or len(ranks)
     open_alerts = alerts[alerts["open"]] if not alerts.empty else alerts
@@ -245,7 +239,8 @@ if cfg is not None and chosen is not None:
     ui.live(replace(cfg, dashboard_refresh_s=refresh_s(cfg, chosen)), partial(panel, cfg, chosen))
     st.subheader("Profile")
     try:
-        seen = ui.query(cfg, "ranks", **ranks_args(cfg, chosen))
+        shown = st.session_state.get(RANKS_SHOWN)
+        seen = shown[1] if shown and shown[0] == chosen else ui.query(cfg, "ranks", **ranks_args(cfg, chosen))
         ranks = sorted(int(r) for r in seen["rank"]) if not seen.empty else []
         # The ranks not running (most severe first) lead the picker of a large job.
         first = ranks_first(seen) if len(ranks) > profile_panel.MAX_RANK_OPTIONS else []
