@@ -236,17 +236,37 @@ def serve(settings: Settings, script_path: str | Path | None = None, *, with_sin
     return 0
 
 
+class _Stopped(Exception):
+    """SIGINT or SIGTERM, raised again by uvicorn once it has shut the server down."""
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    raise _Stopped(signum)
+
+
 def run_streamlit(script: Path, opts: dict[str, Any]) -> None:
     """Serve ``script`` as ``streamlit run`` does: an ``st.App`` in it through uvicorn, else the
-    script itself. Blocks until SIGINT/SIGTERM."""
+    script itself. Blocks until SIGINT/SIGTERM, then returns.
+
+    uvicorn handles the signal, shuts the server down and then raises the signal again for the
+    handler it found: with the default one, SIGTERM would end the process before the caller's
+    clean-up (the sink, the query endpoint's file). So the handlers it finds raise an exception,
+    caught here."""
     from streamlit.web import bootstrap
     from streamlit.web.server.app_discovery import discover_asgi_app
 
     found = discover_asgi_app(script)
-    if found.is_asgi_app and found.import_string:
-        bootstrap.run_asgi_app(str(script), found.import_string, [], opts)
-    else:
+    if not (found.is_asgi_app and found.import_string):
         bootstrap.run(str(script), False, [], opts)
+        return
+    previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        bootstrap.run_asgi_app(str(script), found.import_string, [], opts)
+    except _Stopped:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _start_query_endpoint(settings: Settings, store: Any) -> Any:
