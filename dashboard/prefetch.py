@@ -94,9 +94,11 @@ class Prefetcher:
 
     def _job_page(self, cfg: Settings, job: str, ranks: Future[Any], jobs: Future[Any] | None) -> None:
         dsn = cfg.store_dsn
-        claimed = [f for f in (ranks, jobs) if f is not None]
+        jobs_key = key_of(dsn, "jobs", {})
+        claimed = [(key_of(dsn, "ranks", job_queries.ranks_args(cfg, job)), ranks)]
+        if jobs is not None:
+            claimed.append((jobs_key, jobs))
         try:
-            jobs_key = key_of(dsn, "jobs", {})
             if jobs is not None:
                 self._fill(jobs_key, jobs, dsn, "jobs", {})
             with self.lock:
@@ -108,17 +110,16 @@ class Prefetcher:
                     future = ranks if name == "ranks" else self._claim(key)
                 if future is None or future.done():
                     continue
-                claimed.append(future)
+                claimed.append((key, future))
                 self._fill(key, future, dsn, name, kwargs)
         except Exception as e:
             log.debug("prefetching the Job page of %s failed: %s", job, e)
         finally:
-            for future in claimed:      # a page never waits on a query nobody runs
+            for key, future in claimed:      # a page never waits on a query nobody runs
                 if not future.done():
                     with self.lock:
-                        for key, f in list(self.started.items()):
-                            if f is future:
-                                self.started.pop(key)
+                        if self.started.get(key) is future:
+                            self.started.pop(key)
                     future.set_exception(RuntimeError("not prefetched"))
 
     def _fill(self, key: Key, future: Future[Any], dsn: str, name: str, kwargs: dict[str, Any]) -> None:
